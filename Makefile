@@ -1,0 +1,43 @@
+# llenvs-async — everything a fresh machine needs goes through these targets.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: install test test-fast lint demo bench docker images clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+docker:
+	bash scripts/ensure-docker.sh
+
+images: install docker
+	$(PY) -m llenvs_async.docker.images build-all
+
+test: install docker images
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: install
+	$(PY) -m pytest -m 'not docker' $(PYTEST_ARGS)
+
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+
+demo: install docker images
+	$(PY) examples/demo.py
+
+bench: install docker images
+	$(PY) -m benchmarks.run_all
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

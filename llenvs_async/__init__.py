@@ -1,0 +1,91 @@
+"""llenvs-async: asyncio-native rollouts for LLM agents, in-process or in real containers.
+
+The public API lives here; everything else is internal (``_private``) or reached
+through the sub-packages named in DESIGN.md (``docker``, ``adapters.harbor``, ...).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .backends.base import Backend
+from .backends.scripted import ScriptedBackend
+from .env import BaseEnvironment, EnvFactory, Environment, RestoreFn, replay_restore
+from .errors import (
+    BackendError,
+    BackendTimeoutError,
+    ClosedError,
+    ContainerError,
+    ContinuationPromptError,
+    EnvError,
+    LlenvsError,
+    RestoreError,
+    StaleStateError,
+    StepTimeoutError,
+    TaskLoadError,
+)
+from .runner import TrajectoryRunner
+from .types import (
+    Action,
+    ChatMessage,
+    Completion,
+    ErrorInfo,
+    GenerationRequest,
+    Observation,
+    SamplingParams,
+    State,
+    StepResult,
+    Trajectory,
+    Transition,
+)
+
+if TYPE_CHECKING:
+    from .backends.openai import OpenAIBackend
+    from .backends.vllm import VLLMBackend
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Action",
+    "Backend",
+    "BackendError",
+    "BackendTimeoutError",
+    "BaseEnvironment",
+    "ChatMessage",
+    "ClosedError",
+    "Completion",
+    "ContainerError",
+    "ContinuationPromptError",
+    "EnvError",
+    "EnvFactory",
+    "Environment",
+    "ErrorInfo",
+    "GenerationRequest",
+    "LlenvsError",
+    "Observation",
+    "OpenAIBackend",
+    "RestoreError",
+    "RestoreFn",
+    "SamplingParams",
+    "ScriptedBackend",
+    "StaleStateError",
+    "State",
+    "StepResult",
+    "StepTimeoutError",
+    "TaskLoadError",
+    "Trajectory",
+    "TrajectoryRunner",
+    "Transition",
+    "VLLMBackend",
+    "__version__",
+    "replay_restore",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: the HTTP and vLLM backends pull in heavier (optional) dependencies.
+    if name in ("OpenAIBackend", "VLLMBackend"):
+        from . import backends
+
+        return getattr(backends, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,71 @@
+"""A deterministic backend driven by a policy function (tests, demos, benchmarks)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
+from types import TracebackType
+
+from ..errors import BackendError, ClosedError
+from ..types import Completion, GenerationRequest, SamplingParams
+
+__all__ = ["Policy", "ScriptedBackend"]
+
+Policy = Callable[[GenerationRequest], "str | Completion | Awaitable[str | Completion]"]
+
+
+class ScriptedBackend:
+    """Answers each request with ``policy(request)``; the policy may be sync or async
+    and may return a string or a full ``Completion``.
+
+    Async policies for one batch run concurrently, as a real engine would batch them.
+    """
+
+    def __init__(self, policy: Policy) -> None:
+        if not callable(policy):
+            raise TypeError(f"ScriptedBackend(policy) needs a callable, got {type(policy).__name__}")
+        self._policy = policy
+        self._closed = False
+        self.calls = 0
+
+    async def generate(
+        self, requests: Sequence[GenerationRequest], params: SamplingParams
+    ) -> list[Completion]:
+        if self._closed:
+            raise ClosedError("ScriptedBackend")
+        self.calls += 1
+        results = [self._policy(r) for r in requests]
+        if any(inspect.isawaitable(r) for r in results):
+            async with asyncio.TaskGroup() as tg:
+                tasks = [tg.create_task(_resolve(r)) for r in results]
+            results = [t.result() for t in tasks]
+        return [_to_completion(r) for r in results]
+
+    async def aclose(self) -> None:
+        self._closed = True
+
+    async def __aenter__(self) -> ScriptedBackend:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+async def _resolve(result: object) -> object:
+    return await result if inspect.isawaitable(result) else result
+
+
+def _to_completion(result: object) -> Completion:
+    if isinstance(result, Completion):
+        return result
+    if isinstance(result, str):
+        return Completion(text=result, finish_reason="stop")
+    raise BackendError(
+        f"ScriptedBackend policy must return str or Completion, got {type(result).__name__}"
+    )

@@ -1,0 +1,169 @@
+"""The async Environment protocol, a base class with the lifecycle rules, and replay restore."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Protocol, runtime_checkable
+
+from .errors import ClosedError, EnvError, RestoreError, StaleStateError
+from .types import Action, State, StepResult
+
+__all__ = [
+    "BaseEnvironment",
+    "EnvFactory",
+    "Environment",
+    "RestoreFn",
+    "new_episode_id",
+    "replay_restore",
+]
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """What the runner needs from an environment.
+
+    ``pure_step=True`` promises that ``step(state, a)`` depends only on
+    ``(state, a)``, so one instance can serve every rollout. Otherwise each rollout
+    needs its own instance, restored by a ``RestoreFn``.
+    """
+
+    pure_step: bool
+    max_steps: int | None
+
+    async def reset(self, task: int | str | None = None, *, seed: int | None = None) -> State: ...
+
+    async def step(self, state: State, action: Action) -> StepResult: ...
+
+    async def aclose(self) -> None: ...
+
+    async def __aenter__(self) -> Environment: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+
+EnvFactory = Callable[[], Awaitable[Environment]]
+RestoreFn = Callable[[Environment, State], Awaitable[State]]
+
+
+def new_episode_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+class BaseEnvironment:
+    """Lifecycle shared by environments: async context manager, idempotent close,
+    use-after-close guard and, for non-pure environments, the stale-state guard.
+
+    Subclasses implement ``_reset`` and ``_step`` (and optionally ``_aclose``).
+    """
+
+    pure_step: bool = True
+    max_steps: int | None = None
+
+    def __init__(self, *, max_steps: int | None = None) -> None:
+        if max_steps is not None and max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1 or None, got {max_steps!r}")
+        if max_steps is not None:
+            self.max_steps = max_steps
+        self._closed = False
+        self._current: State | None = None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def current_state(self) -> State | None:
+        """The state the environment is in (tracked for non-pure environments)."""
+        return self._current
+
+    def _ensure_open(self) -> None:
+        if self._closed:
+            raise ClosedError(type(self).__name__)
+
+    async def reset(self, task: int | str | None = None, *, seed: int | None = None) -> State:
+        self._ensure_open()
+        state = await self._reset(task, seed=seed)
+        self._current = state
+        return state
+
+    async def step(self, state: State, action: Action) -> StepResult:
+        self._ensure_open()
+        if not isinstance(action, Action):
+            raise TypeError(f"step() expects an Action, got {type(action).__name__}")
+        if state.done:
+            raise EnvError(
+                f"cannot step from a finished state (episode {state.episode_id!r}, step {state.step})"
+            )
+        if not self.pure_step:
+            cur = self._current
+            if cur is None or cur.episode_id != state.episode_id or cur.step != state.step:
+                expected = None if cur is None else (cur.episode_id, cur.step)
+                raise StaleStateError(
+                    f"{type(self).__name__} is not pure: it can only step from its current "
+                    f"state {expected}, got (episode {state.episode_id!r}, step {state.step}); "
+                    "restore a fresh instance instead",
+                    expected=expected,
+                    got=(state.episode_id, state.step),
+                )
+        result = await self._step(state, action)
+        if not self.pure_step:
+            self._current = result.next_state
+        return result
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self._aclose()
+
+    async def __aenter__(self) -> BaseEnvironment:
+        self._ensure_open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def _reset(self, task: int | str | None, *, seed: int | None) -> State:
+        raise NotImplementedError
+
+    async def _step(self, state: State, action: Action) -> StepResult:
+        raise NotImplementedError
+
+    async def _aclose(self) -> None:
+        return None
+
+
+async def replay_restore(env: Environment, state: State) -> State:
+    """Bring ``env`` to ``state`` by resetting to ``state.task`` and replaying ``state.actions``.
+
+    Raises ``RestoreError`` when the replay ends early or lands on another step.
+    """
+    current = await env.reset(state.task, seed=state.seed)
+    for i, action in enumerate(state.actions):
+        if current.done:
+            raise RestoreError(
+                f"replay of task {state.task!r} ended after {i} of {len(state.actions)} actions",
+                task=state.task,
+                replayed=i,
+            )
+        current = (await env.step(current, action)).next_state
+    if current.step != state.step:
+        raise RestoreError(
+            f"replay of task {state.task!r} reached step {current.step}, expected {state.step}",
+            task=state.task,
+            expected_step=state.step,
+            got_step=current.step,
+        )
+    return current

@@ -1,0 +1,143 @@
+"""The lockstep loop: per round ONE batched generate call, then every step concurrently."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+
+import anyio
+
+from ..errors import BackendError, StepTimeoutError
+from ..types import Action, Trajectory, Transition
+from ._config import RunConfig
+from ._instances import close_instances, close_one, prepare
+from ._rollout import PROGRAMMING_ERRORS, Rollout, RolloutInput
+
+__all__ = ["run_chunk"]
+
+
+async def run_chunk(
+    specs: Sequence[RolloutInput], cfg: RunConfig, limit: int
+) -> AsyncIterator[Trajectory]:
+    """Prepare, run and tear down one chunk, yielding trajectories as rollouts finish.
+
+    No task group is open across a ``yield``: each round's group completes first,
+    so abandoning or cancelling the iteration is safe; ``finally`` closes every
+    instance still open, shielded and bounded.
+    """
+    rollouts = [Rollout(spec=spec) for spec in specs]
+    cfg.stats.rollouts_started(len(rollouts))
+    emitted = 0
+    try:
+        await _unwrapped_prepare(rollouts, cfg, limit)
+        active = [r for r in rollouts if not r.finished]
+        finished = [r for r in rollouts if r.finished]
+        while True:
+            await close_instances(finished, cfg)
+            for rollout in finished:
+                emitted += 1
+                yield _emit(rollout, cfg)
+            if not active:
+                break
+            await _round(active, cfg)
+            cfg.stats.rounds += 1
+            finished = [r for r in active if r.finished]
+            active = [r for r in active if not r.finished]
+    finally:
+        cfg.stats.active_rollouts -= len(rollouts) - emitted
+        await close_instances(rollouts, cfg)
+
+
+def _emit(rollout: Rollout, cfg: RunConfig) -> Trajectory:
+    cfg.stats.active_rollouts -= 1
+    if rollout.error is None:
+        cfg.stats.completed += 1
+    else:
+        cfg.stats.failed += 1
+    return rollout.trajectory()
+
+
+async def _unwrapped_prepare(rollouts: Sequence[Rollout], cfg: RunConfig, limit: int) -> None:
+    try:
+        await prepare(rollouts, cfg, limit)
+    except BaseExceptionGroup as group:
+        raise _first(group) from None
+
+
+async def _round(active: Sequence[Rollout], cfg: RunConfig) -> None:
+    needing = [r for r in active if r.pending_action is None]
+    if needing:
+        await _generate(needing, cfg)
+    stepping = [r for r in active if not r.finished]
+    try:
+        async with anyio.create_task_group() as tg:
+            for rollout in stepping:
+                tg.start_soon(_step, rollout, cfg)
+    except BaseExceptionGroup as group:
+        raise _first(group) from None
+
+
+async def _generate(rollouts: Sequence[Rollout], cfg: RunConfig) -> None:
+    """One backend call for every rollout that needs an action; a failure fails them all."""
+    requests = [r.request(cfg.prompt_builder) for r in rollouts]
+    cfg.stats.generate_calls += 1
+    try:
+        completions = await cfg.backend.generate(requests, cfg.sampling_params)
+        if len(completions) != len(requests):
+            raise BackendError(
+                f"backend returned {len(completions)} completions for {len(requests)} requests"
+            )
+    except PROGRAMMING_ERRORS:
+        raise
+    except Exception as exc:
+        for rollout in rollouts:
+            rollout.fail(exc, "generate")
+        return
+    for rollout, completion in zip(rollouts, completions, strict=True):
+        rollout.pending_action = Action(text=completion.text)
+        rollout.pending_completion = completion
+
+
+async def _step(rollout: Rollout, cfg: RunConfig) -> None:
+    env, state, action = rollout.env, rollout.state, rollout.pending_action
+    assert env is not None and state is not None and action is not None
+    completion, rollout.pending_action, rollout.pending_completion = (
+        rollout.pending_completion,
+        None,
+        None,
+    )
+    try:
+        if cfg.step_timeout is None:
+            result = await env.step(state, action)
+        else:
+            with anyio.CancelScope(deadline=anyio.current_time() + cfg.step_timeout) as scope:
+                result = await env.step(state, action)
+            if scope.cancelled_caught:
+                raise StepTimeoutError(cfg.step_timeout)
+    except PROGRAMMING_ERRORS:
+        raise
+    except Exception as exc:
+        rollout.fail(exc, "step")
+    else:
+        rollout.record(
+            Transition(
+                state=state,
+                action=action,
+                next_state=result.next_state,
+                reward=result.reward,
+                completion=completion,
+                info=result.info,
+            ),
+            ended=result.terminated,
+            cut=result.truncated,
+            env_max_steps=env.max_steps,
+        )
+    if rollout.finished:
+        await close_one(rollout, cfg)
+
+
+def _first(group: BaseExceptionGroup) -> BaseException:
+    """The first leaf exception of a (nested) group: the programming error to re-raise."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc

@@ -1,0 +1,132 @@
+"""One rollout's mutable bookkeeping inside the lockstep loop, and how it becomes a Trajectory."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ..env import Environment, new_episode_id
+from ..types import (
+    Action,
+    ChatMessage,
+    Completion,
+    ErrorInfo,
+    GenerationRequest,
+    Observation,
+    State,
+    StopReason,
+    Trajectory,
+    Transition,
+)
+
+__all__ = ["PromptBuilder", "RolloutInput", "Rollout"]
+
+PromptBuilder = Callable[[State, Sequence[Transition]], Sequence[ChatMessage]]
+"""``(initial_state, transitions) -> messages``: replaces the default conversation."""
+
+# Errors that mean the caller's code is wrong: they propagate instead of being recorded.
+PROGRAMMING_ERRORS: tuple[type[BaseException], ...] = (
+    TypeError,
+    AttributeError,
+    NameError,
+    AssertionError,
+    NotImplementedError,
+    ImportError,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutInput:
+    """What one rollout starts from: a task to reset to, or a saved state to restore."""
+
+    index: int
+    task: int | str | None = None
+    seed: int | None = None
+    state: State | None = None
+    forced_action: Action | None = None
+
+
+@dataclass(slots=True, eq=False)
+class Rollout:
+    """A live rollout. Messages are appended as it goes (O(steps) memory, no re-building)."""
+
+    spec: RolloutInput
+    env: Environment | None = None
+    owns_env: bool = False
+    initial_state: State | None = None
+    state: State | None = None
+    transitions: list[Transition] = field(default_factory=list)
+    messages: list[ChatMessage] = field(default_factory=list)
+    pending_action: Action | None = None
+    pending_completion: Completion | None = None
+    steps_left: int | None = None
+    error: ErrorInfo | None = None
+    stop_reason: StopReason = "unfinished"
+    episode_id: str = field(default_factory=new_episode_id)
+
+    @property
+    def finished(self) -> bool:
+        return self.stop_reason != "unfinished"
+
+    def start(self, state: State, system_prompt: str | None, steps_left: int | None) -> None:
+        self.initial_state = self.state = state
+        self.pending_action = self.spec.forced_action
+        self.steps_left = steps_left
+        if system_prompt:
+            self.messages.append(ChatMessage(role="system", content=system_prompt))
+        self.messages.append(ChatMessage(role="user", content=state.observation.text))
+        self.check_stop(env_max_steps=None)
+
+    def request(self, builder: PromptBuilder | None) -> GenerationRequest:
+        assert self.state is not None and self.initial_state is not None
+        if builder is None:
+            messages = tuple(self.messages)
+        else:
+            messages = tuple(builder(self.initial_state, tuple(self.transitions)))
+        return GenerationRequest(
+            messages=messages,
+            rollout_index=self.spec.index,
+            step=self.state.step,
+            task=self.state.task,
+        )
+
+    def record(
+        self, transition: Transition, *, ended: bool, cut: bool, env_max_steps: int | None
+    ) -> None:
+        """Append a step; ``ended``/``cut`` are the StepResult's terminated/truncated flags."""
+        self.transitions.append(transition)
+        self.state = transition.next_state
+        self.messages.append(ChatMessage(role="assistant", content=transition.action.text))
+        self.messages.append(ChatMessage(role="user", content=self.state.observation.text))
+        if self.steps_left is not None:
+            self.steps_left -= 1
+        self.check_stop(env_max_steps, ended=ended, cut=cut)
+
+    def check_stop(self, env_max_steps: int | None, *, ended: bool = False, cut: bool = False) -> None:
+        state = self.state
+        assert state is not None
+        if ended or state.terminated:
+            self.stop_reason = "terminated"
+        elif cut or state.truncated or (env_max_steps is not None and state.step >= env_max_steps):
+            self.stop_reason = "truncated"
+        elif self.steps_left is not None and self.steps_left <= 0:
+            self.stop_reason = "max_steps"
+
+    def fail(self, exc: BaseException, phase: str) -> None:
+        self.error = ErrorInfo.from_exception(exc, phase=phase)
+        self.stop_reason = "error"
+
+    def trajectory(self) -> Trajectory:
+        initial = self.initial_state
+        if initial is None:  # failed before reset/restore produced a state
+            initial = self.spec.state or State(
+                observation=Observation(text=""), task=self.spec.task, seed=self.spec.seed
+            )
+        return Trajectory(
+            episode_id=self.episode_id,
+            initial_state=initial,
+            transitions=tuple(self.transitions),
+            error=self.error,
+            index=self.spec.index,
+            stop_reason=self.stop_reason,
+        )

@@ -1,0 +1,224 @@
+"""TrajectoryRunner: the public entry point for batches of rollouts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from ..backends.base import Backend
+from ..env import EnvFactory, Environment, RestoreFn, replay_restore
+from ..types import Action, SamplingParams, State, Trajectory
+from ._config import RunConfig, RunnerStats
+from ._lockstep import run_chunk
+from ._rollout import PromptBuilder, RolloutInput
+
+__all__ = ["TrajectoryRunner"]
+
+
+class TrajectoryRunner:
+    """Runs batches of rollouts in lockstep: one batched ``generate`` per round, then all
+    environment steps concurrently.
+
+    Non-pure environments with an ``env_factory`` get one fresh instance per rollout,
+    restored with ``restore_fn`` (default ``replay_restore``); pure environments serve
+    every rollout from ``environment``. ``batch_size`` caps live instances; a failed
+    rollout is returned with ``error`` set, never dropped. Safe to call concurrently.
+    """
+
+    def __init__(
+        self,
+        environment: Environment,
+        backend: Backend,
+        sampling_params: SamplingParams | None = None,
+        *,
+        env_factory: EnvFactory | None = None,
+        restore_fn: RestoreFn | None = None,
+        system_prompt: str | None = None,
+        max_steps: int | None = None,
+        step_timeout: float | None = None,
+        restore_timeout: float | None = None,
+        close_timeout: float = 30.0,
+        prompt_builder: PromptBuilder | None = None,
+    ) -> None:
+        if not hasattr(environment, "step") or not hasattr(environment, "reset"):
+            raise TypeError(
+                f"environment must implement the Environment protocol, got {type(environment).__name__}"
+            )
+        if not callable(getattr(backend, "generate", None)):
+            raise TypeError(f"backend must have an async generate(), got {type(backend).__name__}")
+        if env_factory is not None and not callable(env_factory):
+            raise TypeError(f"env_factory must be an async callable, got {env_factory!r}")
+        _check_positive("max_steps", max_steps)
+        _check_positive("step_timeout", step_timeout)
+        _check_positive("restore_timeout", restore_timeout)
+        _check_positive("close_timeout", close_timeout)
+        self.environment = environment
+        self.backend = backend
+        self.sampling_params = sampling_params or SamplingParams()
+        self.env_factory = env_factory
+        self.restore_fn: RestoreFn = restore_fn or replay_restore
+        self.system_prompt = system_prompt
+        self.max_steps = max_steps
+        self.step_timeout = step_timeout
+        self.restore_timeout = restore_timeout
+        self.close_timeout = close_timeout
+        self.prompt_builder = prompt_builder
+        self.stats = RunnerStats()
+        # Without a factory a non-pure environment is one shared instance: runs take turns.
+        self._shared_env_lock = asyncio.Lock()
+
+    @property
+    def multi_instance(self) -> bool:
+        """True when each rollout gets its own instance from ``env_factory``."""
+        return not self.environment.pure_step and self.env_factory is not None
+
+    async def run_batch(
+        self,
+        tasks: Sequence[int | str | None],
+        batch_size: int | None = None,
+        *,
+        seeds: Sequence[int | None] | None = None,
+        max_steps: int | None = None,
+    ) -> list[Trajectory]:
+        """Roll out one episode per task from ``reset(task)``; results in input order."""
+        tasks = _as_sequence("tasks", tasks)
+        if seeds is not None and len(seeds) != len(tasks):
+            raise ValueError(f"seeds has {len(seeds)} items but tasks has {len(tasks)}")
+        specs = [
+            RolloutInput(index=i, task=task, seed=None if seeds is None else seeds[i])
+            for i, task in enumerate(tasks)
+        ]
+        return await self._collect(specs, batch_size, max_steps)
+
+    async def run_batch_from_states(
+        self,
+        states: Sequence[State],
+        batch_size: int | None = None,
+        max_steps: int | None = None,
+    ) -> list[Trajectory]:
+        """Roll out from saved states (restored per instance when not pure); input order."""
+        return await self._collect(_state_specs(states, None), batch_size, max_steps)
+
+    async def run_batch_from_state_actions(
+        self,
+        states: Sequence[State],
+        actions: Sequence[Action | str],
+        batch_size: int | None = None,
+        max_steps: int | None = None,
+    ) -> list[Trajectory]:
+        """Like ``run_batch_from_states`` but rollout i's first action is ``actions[i]``
+        (not generated): the Monte Carlo recipe for Q(s, a).
+        """
+        return await self._collect(_state_specs(states, actions), batch_size, max_steps)
+
+    async def iter_batch_from_states(
+        self,
+        states: Sequence[State],
+        batch_size: int | None = None,
+        max_steps: int | None = None,
+        *,
+        actions: Sequence[Action | str] | None = None,
+    ) -> AsyncIterator[Trajectory]:
+        """Yield trajectories as they finish (``Trajectory.index`` says which input).
+
+        Wrap in ``contextlib.aclosing`` to tear instances down the moment you stop early.
+        """
+        specs = _state_specs(states, actions)
+        async for trajectory in self._iterate(specs, batch_size, max_steps):
+            yield trajectory
+
+    async def _collect(
+        self, specs: list[RolloutInput], batch_size: int | None, max_steps: int | None
+    ) -> list[Trajectory]:
+        results: list[Trajectory | None] = [None] * len(specs)
+        async with contextlib.aclosing(self._iterate(specs, batch_size, max_steps)) as it:
+            async for trajectory in it:
+                assert trajectory.index is not None
+                results[trajectory.index] = trajectory
+        missing = [i for i, t in enumerate(results) if t is None]
+        if missing:  # pragma: no cover - every rollout is emitted by construction
+            raise RuntimeError(f"internal error: no trajectory for inputs {missing}")
+        return [t for t in results if t is not None]
+
+    async def _iterate(
+        self, specs: list[RolloutInput], batch_size: int | None, max_steps: int | None
+    ) -> AsyncIterator[Trajectory]:
+        _check_positive("batch_size", batch_size)
+        _check_positive("max_steps", max_steps)
+        cfg = self._config(max_steps)
+        if not self.environment.pure_step and self.env_factory is None:
+            # One shared stateful instance: one rollout at a time, one run at a time.
+            async with self._shared_env_lock:
+                for spec in specs:
+                    async with contextlib.aclosing(run_chunk([spec], cfg, 1)) as chunk:
+                        async for trajectory in chunk:
+                            yield trajectory
+            return
+        size = batch_size or len(specs)
+        for start in range(0, len(specs), size):
+            async with contextlib.aclosing(run_chunk(specs[start : start + size], cfg, size)) as it:
+                async for trajectory in it:
+                    yield trajectory
+
+    def _config(self, max_steps: int | None) -> RunConfig:
+        return RunConfig(
+            environment=self.environment,
+            backend=self.backend,
+            sampling_params=self.sampling_params,
+            env_factory=self.env_factory,
+            restore_fn=self.restore_fn,
+            system_prompt=self.system_prompt,
+            prompt_builder=self.prompt_builder,
+            max_steps=max_steps if max_steps is not None else self.max_steps,
+            step_timeout=self.step_timeout,
+            restore_timeout=self.restore_timeout,
+            close_timeout=self.close_timeout,
+            stats=self.stats,
+        )
+
+
+def _check_positive(name: str, value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number or None, got {type(value).__name__} {value!r}")
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0 or None, got {value!r}")
+
+
+def _as_sequence(name: str, items: Any) -> list[Any]:
+    if isinstance(items, str | bytes) or not isinstance(items, Sequence):
+        raise TypeError(f"{name} must be a sequence (list or tuple), got {type(items).__name__}")
+    if not items:
+        raise ValueError(f"{name} is empty: nothing to roll out")
+    return list(items)
+
+
+def _state_specs(
+    states: Sequence[State], actions: Sequence[Action | str] | None
+) -> list[RolloutInput]:
+    states = _as_sequence("states", states)
+    for i, state in enumerate(states):
+        if not isinstance(state, State):
+            raise TypeError(f"states[{i}] must be a State, got {type(state).__name__}")
+    if actions is None:
+        return [RolloutInput(index=i, task=s.task, state=s) for i, s in enumerate(states)]
+    actions = _as_sequence("actions", actions)
+    if len(actions) != len(states):
+        raise ValueError(
+            f"actions has {len(actions)} items but states has {len(states)}: one forced "
+            "first action per state is needed"
+        )
+    forced: list[Action] = []
+    for i, action in enumerate(actions):
+        if isinstance(action, str):
+            action = Action(text=action)
+        if not isinstance(action, Action):
+            raise TypeError(f"actions[{i}] must be an Action or str, got {type(action).__name__}")
+        forced.append(action)
+    return [
+        RolloutInput(index=i, task=s.task, state=s, forced_action=a)
+        for i, (s, a) in enumerate(zip(states, forced, strict=True))
+    ]
