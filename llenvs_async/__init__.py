@@ -24,6 +24,7 @@ from .errors import (
     StepTimeoutError,
     TaskLoadError,
 )
+from .estimation import ValueEstimate, estimate_q_values, estimate_values
 from .runner import TrajectoryRunner
 from .types import (
     Action,
@@ -77,7 +78,10 @@ __all__ = [
     "TrajectoryRunner",
     "Transition",
     "VLLMBackend",
+    "ValueEstimate",
     "__version__",
+    "estimate_q_values",
+    "estimate_values",
     "replay_restore",
 ]
 

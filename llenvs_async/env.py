@@ -99,7 +99,8 @@ class BaseEnvironment:
             raise TypeError(f"step() expects an Action, got {type(action).__name__}")
         if state.done:
             raise EnvError(
-                f"cannot step from a finished state (episode {state.episode_id!r}, step {state.step})"
+                f"cannot step from a finished state "
+                f"(episode {state.episode_id!r}, step {state.step})"
             )
         if not self.pure_step:
             cur = self._current

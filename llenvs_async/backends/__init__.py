@@ -1,4 +1,4 @@
-"""LLM backends: the protocol, a scripted policy backend, OpenAI-compatible HTTP, in-process vLLM."""
+"""LLM backends: the protocol, scripted policies, OpenAI-compatible HTTP, in-process vLLM."""
 
 from __future__ import annotations
 

@@ -24,7 +24,9 @@ class ScriptedBackend:
 
     def __init__(self, policy: Policy) -> None:
         if not callable(policy):
-            raise TypeError(f"ScriptedBackend(policy) needs a callable, got {type(policy).__name__}")
+            raise TypeError(
+                f"ScriptedBackend(policy) needs a callable, got {type(policy).__name__}"
+            )
         self._policy = policy
         self._closed = False
         self.calls = 0
@@ -35,7 +37,7 @@ class ScriptedBackend:
         if self._closed:
             raise ClosedError("ScriptedBackend")
         self.calls += 1
-        results = [self._policy(r) for r in requests]
+        results: list[object] = [self._policy(r) for r in requests]
         if any(inspect.isawaitable(r) for r in results):
             async with asyncio.TaskGroup() as tg:
                 tasks = [tg.create_task(_resolve(r)) for r in results]

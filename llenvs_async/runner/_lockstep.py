@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 import anyio
 
@@ -17,7 +17,7 @@ __all__ = ["run_chunk"]
 
 async def run_chunk(
     specs: Sequence[RolloutInput], cfg: RunConfig, limit: int
-) -> AsyncIterator[Trajectory]:
+) -> AsyncGenerator[Trajectory, None]:
     """Prepare, run and tear down one chunk, yielding trajectories as rollouts finish.
 
     No task group is open across a ``yield``: each round's group completes first,

@@ -102,7 +102,9 @@ class Rollout:
             self.steps_left -= 1
         self.check_stop(env_max_steps, ended=ended, cut=cut)
 
-    def check_stop(self, env_max_steps: int | None, *, ended: bool = False, cut: bool = False) -> None:
+    def check_stop(
+        self, env_max_steps: int | None, *, ended: bool = False, cut: bool = False
+    ) -> None:
         state = self.state
         assert state is not None
         if ended or state.terminated:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 from ..backends.base import Backend
@@ -44,7 +44,8 @@ class TrajectoryRunner:
     ) -> None:
         if not hasattr(environment, "step") or not hasattr(environment, "reset"):
             raise TypeError(
-                f"environment must implement the Environment protocol, got {type(environment).__name__}"
+                "environment must implement the Environment protocol, "
+                f"got {type(environment).__name__}"
             )
         if not callable(getattr(backend, "generate", None)):
             raise TypeError(f"backend must have an async generate(), got {type(backend).__name__}")
@@ -120,14 +121,15 @@ class TrajectoryRunner:
         max_steps: int | None = None,
         *,
         actions: Sequence[Action | str] | None = None,
-    ) -> AsyncIterator[Trajectory]:
+    ) -> AsyncGenerator[Trajectory, None]:
         """Yield trajectories as they finish (``Trajectory.index`` says which input).
 
         Wrap in ``contextlib.aclosing`` to tear instances down the moment you stop early.
         """
         specs = _state_specs(states, actions)
-        async for trajectory in self._iterate(specs, batch_size, max_steps):
-            yield trajectory
+        async with contextlib.aclosing(self._iterate(specs, batch_size, max_steps)) as it:
+            async for trajectory in it:
+                yield trajectory
 
     async def _collect(
         self, specs: list[RolloutInput], batch_size: int | None, max_steps: int | None
@@ -144,7 +146,7 @@ class TrajectoryRunner:
 
     async def _iterate(
         self, specs: list[RolloutInput], batch_size: int | None, max_steps: int | None
-    ) -> AsyncIterator[Trajectory]:
+    ) -> AsyncGenerator[Trajectory, None]:
         _check_positive("batch_size", batch_size)
         _check_positive("max_steps", max_steps)
         cfg = self._config(max_steps)

@@ -1,0 +1,215 @@
+"""Every instance is closed on success, error, cancellation and early exit; Ctrl-C too."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from llenvs_async import Action, GenerationRequest, ScriptedBackend, TrajectoryRunner
+from llenvs_async.envs import CounterEnv, InstanceTracker
+
+from .conftest import counter_policy
+
+
+async def _state(target: int = 3) -> object:
+    env = CounterEnv()
+    return await env.reset(target)
+
+
+async def test_closed_after_success(counter_factory, tracker) -> None:  # type: ignore[no-untyped-def]
+    runner = TrajectoryRunner(
+        environment=CounterEnv(),
+        backend=ScriptedBackend(counter_policy),
+        env_factory=counter_factory(),
+    )
+    await runner.run_batch([2] * 6, batch_size=3)
+    assert tracker.created == 6 and tracker.live == 0
+
+
+async def test_closed_after_a_programming_error(counter_factory, tracker) -> None:  # type: ignore[no-untyped-def]
+    def policy(request: GenerationRequest) -> str:
+        if request.step == 1:
+            raise TypeError("bug")
+        return "inc"
+
+    runner = TrajectoryRunner(
+        environment=CounterEnv(), backend=ScriptedBackend(policy), env_factory=counter_factory()
+    )
+    with pytest.raises(TypeError):
+        await runner.run_batch([5] * 4)
+    assert tracker.created == 4 and tracker.live == 0
+
+
+async def test_closed_after_cancellation_mid_round(counter_factory, tracker) -> None:  # type: ignore[no-untyped-def]
+    in_step = asyncio.Event()
+    stepping = 0
+
+    class Hanging(CounterEnv):
+        async def _step(self, state, action):  # type: ignore[no-untyped-def]
+            nonlocal stepping
+            stepping += 1
+            if stepping == 5:
+                in_step.set()  # all five steps of the round are in flight
+            await asyncio.Event().wait()
+            raise AssertionError("unreachable")
+
+    async def factory() -> CounterEnv:
+        return Hanging(tracker=tracker)
+
+    runner = TrajectoryRunner(
+        environment=CounterEnv(), backend=ScriptedBackend(counter_policy), env_factory=factory
+    )
+    task = asyncio.create_task(runner.run_batch([3] * 5))
+    await asyncio.wait_for(in_step.wait(), timeout=5)
+    assert tracker.live == 5
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert tracker.live == 0 and runner.stats.live_instances == 0
+
+
+async def test_closed_after_cancellation_during_restore(tracker) -> None:  # type: ignore[no-untyped-def]
+    restoring = asyncio.Event()
+
+    class SlowReset(CounterEnv):
+        async def _reset(self, task, *, seed):  # type: ignore[no-untyped-def]
+            restoring.set()
+            await asyncio.Event().wait()
+            raise AssertionError("unreachable")
+
+    async def factory() -> CounterEnv:
+        return SlowReset(tracker=tracker)
+
+    state = await _state()
+    runner = TrajectoryRunner(
+        environment=CounterEnv(), backend=ScriptedBackend(counter_policy), env_factory=factory
+    )
+    task = asyncio.create_task(runner.run_batch_from_states([state] * 4))  # type: ignore[list-item]
+    await asyncio.wait_for(restoring.wait(), timeout=5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert tracker.created == 4 and tracker.live == 0
+
+
+async def test_closing_is_shielded_from_a_second_cancellation(tracker) -> None:  # type: ignore[no-untyped-def]
+    closing = asyncio.Event()
+
+    class SlowClose(CounterEnv):
+        async def _aclose(self) -> None:
+            closing.set()
+            await asyncio.sleep(0.05)
+            await super()._aclose()
+
+    async def factory() -> CounterEnv:
+        return SlowClose(tracker=tracker)
+
+    in_step = asyncio.Event()
+
+    def policy(request: GenerationRequest) -> str:
+        in_step.set()
+        return "inc"
+
+    runner = TrajectoryRunner(
+        environment=CounterEnv(), backend=ScriptedBackend(policy), env_factory=factory
+    )
+    task = asyncio.create_task(runner.run_batch([1000] * 3))
+    await asyncio.wait_for(in_step.wait(), timeout=5)
+    task.cancel()
+    await asyncio.wait_for(closing.wait(), timeout=5)
+    task.cancel()  # cancelled again while closing: closing still completes
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert tracker.live == 0
+
+
+async def test_close_is_bounded_in_time(tracker) -> None:  # type: ignore[no-untyped-def]
+    class NeverCloses(CounterEnv):
+        async def _aclose(self) -> None:
+            await asyncio.Event().wait()
+
+    async def factory() -> CounterEnv:
+        return NeverCloses(tracker=tracker)
+
+    runner = TrajectoryRunner(
+        environment=CounterEnv(),
+        backend=ScriptedBackend(lambda r: "submit"),
+        env_factory=factory,
+        close_timeout=0.05,
+    )
+    trajs = await asyncio.wait_for(runner.run_batch([0, 0]), timeout=10)
+    assert all(t.error is None for t in trajs) and runner.stats.live_instances == 0
+
+
+async def test_early_exit_from_iteration_closes_instances(counter_factory, tracker) -> None:  # type: ignore[no-untyped-def]
+    states = [await _state(t) for t in (1, 50, 50)]
+    runner = TrajectoryRunner(
+        environment=CounterEnv(),
+        backend=ScriptedBackend(counter_policy),
+        env_factory=counter_factory(),
+    )
+    async with contextlib.aclosing(runner.iter_batch_from_states(states)) as it:  # type: ignore[arg-type]
+        async for first in it:
+            assert first.index == 0
+            assert tracker.live == 2  # the finished one is already closed
+            break
+    assert tracker.live == 0
+
+
+SIGINT_CHILD = textwrap.dedent(
+    """
+    import asyncio, sys
+    from llenvs_async import ScriptedBackend, TrajectoryRunner
+    from llenvs_async.envs import CounterEnv, InstanceTracker
+
+    tracker = InstanceTracker()
+
+    async def factory():
+        return CounterEnv(tracker=tracker, latency=0.05)
+
+    async def main():
+        def policy(request):
+            if request.step == 2:
+                print("RUNNING", flush=True)
+            return "inc"
+        runner = TrajectoryRunner(environment=CounterEnv(), backend=ScriptedBackend(policy),
+                                  env_factory=factory)
+        await runner.run_batch([10**6] * 16)
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        print(f"INTERRUPTED created={tracker.created} live={tracker.live}", flush=True)
+        sys.exit(0)
+    print("FINISHED", flush=True)
+    """
+)
+
+
+def test_ctrl_c_closes_every_instance() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SIGINT_CHILD],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "RUNNING"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert "INTERRUPTED created=16 live=0" in out, (out, err)
+
+
+def test_instance_tracker_is_exported() -> None:
+    assert InstanceTracker().live == 0 and Action(text="x").text == "x"

@@ -1,0 +1,61 @@
+"""The curated public API: names in __all__ exist and the lazy ones resolve."""
+
+from __future__ import annotations
+
+import pytest
+
+import llenvs_async
+
+REQUIRED = {
+    "TrajectoryRunner",
+    "Action",
+    "Observation",
+    "State",
+    "StepResult",
+    "Transition",
+    "Trajectory",
+    "Completion",
+    "SamplingParams",
+    "ChatMessage",
+    "GenerationRequest",
+    "Environment",
+    "BaseEnvironment",
+    "EnvFactory",
+    "RestoreFn",
+    "replay_restore",
+    "Backend",
+    "ScriptedBackend",
+    "OpenAIBackend",
+    "VLLMBackend",
+    "LlenvsError",
+    "estimate_values",
+    "estimate_q_values",
+}
+
+
+def test_all_lists_the_design_contract() -> None:
+    missing = REQUIRED - set(llenvs_async.__all__)
+    assert not missing, f"missing from __all__: {sorted(missing)}"
+
+
+def test_every_exported_name_resolves() -> None:
+    for name in llenvs_async.__all__:
+        assert getattr(llenvs_async, name) is not None, name
+
+
+def test_all_is_sorted_and_unique() -> None:
+    names = [n for n in llenvs_async.__all__ if n != "__version__"]
+    assert len(names) == len(set(names))
+
+
+def test_unknown_attribute_raises() -> None:
+    with pytest.raises(AttributeError, match="NoSuchThing"):
+        _ = llenvs_async.NoSuchThing  # type: ignore[attr-defined]
+
+
+def test_errors_share_one_root() -> None:
+    from llenvs_async import errors
+
+    for name in errors.__all__:
+        assert issubclass(getattr(errors, name), llenvs_async.LlenvsError), name
+    assert not issubclass(errors.EnvError, EnvironmentError)

@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import pytest
+
+from llenvs_async import Action, ClosedError, RestoreError, StaleStateError, replay_restore
+from llenvs_async.envs import ArithmeticEnv, ChainEnv, CounterEnv
+from llenvs_async.errors import EnvError
+
+
+async def test_non_pure_env_refuses_stale_state() -> None:
+    async with CounterEnv() as env:
+        s0 = await env.reset(2)
+        s1 = (await env.step(s0, Action(text="inc"))).next_state
+        with pytest.raises(StaleStateError) as info:
+            await env.step(s0, Action(text="inc"))
+        assert info.value.expected == (s1.episode_id, 1)
+        assert env.value == 1  # the refused step changed nothing
+
+
+async def test_pure_env_steps_from_any_state() -> None:
+    env = ChainEnv()
+    s0 = await env.reset(0)
+    right = (await env.step(s0, Action(text="right"))).next_state
+    again = (await env.step(s0, Action(text="right"))).next_state
+    assert right.observation == again.observation and right.step == again.step == 1
+
+
+async def test_state_carries_provenance() -> None:
+    async with CounterEnv() as env:
+        s = await env.reset(5)
+        actions = [Action(text=t) for t in ("inc", "add 3", "dec")]
+        for a in actions:
+            s = (await env.step(s, a)).next_state
+        assert s.task == 5 and s.step == 3 and s.actions == tuple(actions)
+
+
+async def test_replay_restore_reaches_the_same_state() -> None:
+    async with CounterEnv() as live, CounterEnv() as fresh:
+        s = await live.reset(4)
+        for text in ("inc", "add 5", "dec"):
+            s = (await live.step(s, Action(text=text))).next_state
+        restored = await replay_restore(fresh, s)
+        assert fresh.value == live.value == 5
+        assert restored.observation == s.observation and restored.step == s.step
+        # the restored instance continues from the restored state, not the original
+        await fresh.step(restored, Action(text="inc"))
+
+
+async def test_replay_restore_detects_an_early_end() -> None:
+    async with CounterEnv() as live, CounterEnv() as fresh:
+        s = await live.reset(1)
+        s = (await live.step(s, Action(text="inc"))).next_state
+        bogus = type(s)(
+            observation=s.observation,
+            task=1,
+            step=3,
+            actions=(Action(text="submit"), Action(text="inc"), Action(text="inc")),
+        )
+        with pytest.raises(RestoreError, match="ended after 1 of 3"):
+            await replay_restore(fresh, bogus)
+
+
+async def test_close_is_idempotent_and_use_after_close_raises() -> None:
+    env = CounterEnv()
+    s = await env.reset(1)
+    await env.aclose()
+    await env.aclose()
+    assert env.closed
+    with pytest.raises(ClosedError):
+        await env.step(s, Action(text="inc"))
+    with pytest.raises(ClosedError):
+        await env.reset(1)
+
+
+async def test_stepping_a_finished_state_is_refused() -> None:
+    env = ArithmeticEnv()
+    s = await env.reset(0)
+    done = (await env.step(s, Action(text=str(s.hidden)))).next_state
+    assert done.terminated
+    with pytest.raises(EnvError, match="finished state"):
+        await env.step(done, Action(text="1"))
+
+
+@pytest.mark.parametrize("task", [-1, 100, "nope", 2.5])
+async def test_unknown_task_is_a_clear_error(task: object) -> None:
+    env = ArithmeticEnv(num_tasks=100)
+    with pytest.raises(EnvError, match="unknown task"):
+        await env.reset(task)  # type: ignore[arg-type]
+
+
+def test_bad_max_steps() -> None:
+    with pytest.raises(ValueError, match="max_steps"):
+        ChainEnv(max_steps=0)

@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from llenvs_async import (
+    Action,
+    Completion,
+    Observation,
+    SamplingParams,
+    State,
+    Trajectory,
+    Transition,
+)
+from llenvs_async.types import ErrorInfo
+
+
+def _state(step: int = 0, **kw: object) -> State:
+    return State(observation=Observation(text=f"s{step}"), step=step, **kw)  # type: ignore[arg-type]
+
+
+def test_values_are_frozen_and_slotted() -> None:
+    s = _state()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.step = 3  # type: ignore[misc]
+    assert not hasattr(s, "__dict__")
+
+
+def test_defaults_match_design() -> None:
+    s = _state()
+    assert (s.task, s.step, s.episode_id, s.actions) == (None, 0, "", ())
+    assert not s.terminated and not s.truncated and not s.done
+    assert _state(truncated=True).done
+    c = Completion(text="x")
+    assert c.token_ids == () and c.logprobs is None and c.finish_reason is None
+
+
+def test_keyword_only() -> None:
+    with pytest.raises(TypeError):
+        Action("ls")  # type: ignore[misc]
+
+
+def test_trajectory_properties() -> None:
+    s0, s1 = _state(0), _state(1, terminated=True)
+    a = Action(text="go")
+    t = Trajectory(
+        episode_id="e",
+        initial_state=s0,
+        transitions=(Transition(state=s0, action=a, next_state=s1, reward=1.0),),
+    )
+    assert t.total_reward == 1.0 and t.final_state is s1 and t.done and t.success
+    assert t.actions == (a,) and t.states == (s0, s1) and len(t) == 1
+    failed = dataclasses.replace(t, error=ErrorInfo(type="X", message="boom"))
+    assert not failed.success
+
+
+def test_discounted_return() -> None:
+    s = _state()
+    trans = tuple(
+        Transition(state=s, action=Action(text="a"), next_state=s, reward=r)
+        for r in (0.0, 0.0, 1.0)
+    )
+    t = Trajectory(episode_id="e", initial_state=s, transitions=trans)
+    assert t.discounted_return(0.5) == pytest.approx(0.25)
+    assert t.discounted_return() == 1.0
+
+
+def test_error_info_keeps_traceback() -> None:
+    try:
+        raise RuntimeError("nope")
+    except RuntimeError as exc:
+        info = ErrorInfo.from_exception(exc, phase="step")
+    assert info.type == "RuntimeError" and info.message == "nope" and "nope" in info.traceback
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("max_tokens", 0), ("temperature", -1.0), ("top_p", 0.0), ("n", 2)],
+)
+def test_sampling_params_validation_names_the_field(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})  # type: ignore[arg-type]
+
+
+def test_sampling_params_stop_becomes_tuple() -> None:
+    assert SamplingParams(stop="\n").stop == ("\n",)  # type: ignore[arg-type]
