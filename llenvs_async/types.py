@@ -210,7 +210,9 @@ class SamplingParams:
                 f"SamplingParams.n must be 1 (one completion per rollout), got {self.n!r}"
             )
         if isinstance(self.stop, str | list):
-            object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
+            object.__setattr__(
+                self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -71,7 +71,9 @@ class CounterEnv(BaseEnvironment):
         if isinstance(task, str) and task.lstrip("-").isdigit():
             task = int(task)
         if not isinstance(task, int) or isinstance(task, bool):
-            raise EnvError(f"unknown task {task!r}: CounterEnv tasks are integer targets", task=task)
+            raise EnvError(
+                f"unknown task {task!r}: CounterEnv tasks are integer targets", task=task
+            )
         await self._io("reset", self.reset_latency)
         self._value = 0
         return State(
