@@ -1,0 +1,122 @@
+"""The only place that touches vLLM's own types, each import done lazily inside a function.
+
+This is also the test seam: ``make_sampling_params`` builds ``vllm.SamplingParams``
+from ``sampling_kwargs(params)`` only when vLLM is importable; without vLLM it
+returns the kwargs dict itself, which is what ``testing.fake_vllm.FakeAsyncLLM``
+reads. Prompts likewise become a plain ``{"prompt_token_ids": [...]}`` dict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..errors import BackendError
+from ..types import Completion, SamplingParams
+
+__all__ = [
+    "build_engine",
+    "make_sampling_params",
+    "sampling_kwargs",
+    "to_completion",
+    "tokens_prompt_factory",
+]
+
+_INSTALL_HINT = "pip install 'llenvs-async[vllm]'"
+
+
+def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.SamplingParams`` (unset fields are left to vLLM's defaults)."""
+    kwargs: dict[str, Any] = {
+        "n": params.n,
+        "max_tokens": params.max_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+    }
+    if params.top_k > 0:  # vLLM treats 0 / -1 as "disabled"
+        kwargs["top_k"] = params.top_k
+    if params.stop:
+        kwargs["stop"] = list(params.stop)
+    if params.seed is not None:
+        kwargs["seed"] = params.seed
+    if params.logprobs is not None:
+        kwargs["logprobs"] = params.logprobs
+    return kwargs
+
+
+def make_sampling_params(params: SamplingParams) -> Any:
+    """``vllm.SamplingParams`` (final output only) when vLLM is importable, else the kwargs dict."""
+    kwargs = sampling_kwargs(params)
+    try:
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+    except ImportError:
+        return kwargs
+    try:
+        return VllmSamplingParams(**kwargs, output_kind=RequestOutputKind.FINAL_ONLY)
+    except (TypeError, ValueError) as exc:
+        raise BackendError(f"vLLM rejected the sampling parameters {kwargs}: {exc}") from exc
+
+
+def tokens_prompt_factory() -> Callable[[list[int]], Any]:
+    """How to wrap prompt token ids: ``vllm.inputs.tokens_input`` (vLLM >= 0.16) or a dict."""
+    try:
+        from vllm.inputs import tokens_input
+    except ImportError:
+        return _tokens_prompt_dict
+    return tokens_input  # type: ignore[no-any-return]
+
+
+def _tokens_prompt_dict(token_ids: list[int]) -> Any:
+    """A ``TokensPrompt`` (a TypedDict in vLLM): accepted by every AsyncLLM version."""
+    return {"prompt_token_ids": token_ids}
+
+
+def build_engine(model: str, engine_kwargs: Mapping[str, Any]) -> Any:
+    """Start an ``AsyncLLM`` for ``model`` (blocking: loads the weights)."""
+    try:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+    except ImportError as exc:
+        raise BackendError(
+            f"VLLMBackend needs vLLM >= 0.11 to load {model!r}, and it is not importable "
+            f"({exc}): {_INSTALL_HINT}"
+        ) from exc
+    try:
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **engine_kwargs))
+    except Exception as exc:
+        raise BackendError(
+            f"could not start vLLM AsyncLLM for model {model!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def to_completion(output: Any, request_id: str) -> Completion:
+    """A final ``RequestOutput`` -> ``Completion``; the sampled token's logprob per position."""
+    outputs = getattr(output, "outputs", None)
+    if not outputs:
+        raise BackendError(f"vLLM request {request_id} finished without a completion output")
+    first = outputs[0]
+    token_ids = tuple(int(t) for t in first.token_ids)
+    logprobs: tuple[float, ...] | None = None
+    if first.logprobs is not None:
+        if len(first.logprobs) != len(token_ids):
+            raise BackendError(
+                f"vLLM request {request_id}: {len(first.logprobs)} logprob entries "
+                f"for {len(token_ids)} tokens"
+            )
+        try:
+            logprobs = tuple(
+                float(first.logprobs[i][tid].logprob) for i, tid in enumerate(token_ids)
+            )
+        except KeyError as exc:
+            raise BackendError(
+                f"vLLM request {request_id}: no logprob for sampled token {exc}"
+            ) from exc
+    prompt_ids = getattr(output, "prompt_token_ids", None)
+    return Completion(
+        text=first.text,
+        token_ids=token_ids,
+        logprobs=logprobs,
+        finish_reason=first.finish_reason,
+        prompt_token_ids=tuple(int(t) for t in prompt_ids or ()),
+    )

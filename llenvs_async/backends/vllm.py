@@ -1,0 +1,178 @@
+"""In-process vLLM backend: ``vllm.v1.engine.async_llm.AsyncLLM`` (vLLM >= 0.11, extra ``[vllm]``).
+
+vLLM is imported lazily (see ``_vllm_compat``), so this module imports without it.
+One ``generate`` call submits every request of the round at once (one coroutine
+per request in a task group) so the engine's scheduler batches them; if the call
+is cancelled or one request fails, every request still in flight is aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import uuid
+from collections.abc import AsyncGenerator, Sequence
+from types import TracebackType
+from typing import Any, Protocol
+
+from ..errors import BackendError, ClosedError
+from ..types import Completion, GenerationRequest, SamplingParams
+from ._concurrency import gather_in_order
+from ._vllm_compat import build_engine, make_sampling_params, to_completion, tokens_prompt_factory
+
+__all__ = ["EngineLike", "VLLMBackend"]
+
+_log = logging.getLogger(__name__)
+
+
+class EngineLike(Protocol):
+    """The part of ``AsyncLLM`` this backend uses (``testing.fake_vllm`` implements it too)."""
+
+    def generate(
+        self, prompt: Any, sampling_params: Any, request_id: str
+    ) -> AsyncGenerator[Any, None]: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def get_tokenizer(self) -> Any: ...
+
+    def shutdown(self) -> None: ...
+
+
+class VLLMBackend:
+    """A ``Backend`` on an in-process ``AsyncLLM``.
+
+    Pass a ready ``engine`` (it stays yours: ``aclose`` does not shut it down) or
+    ``model=`` plus engine args (``VLLMBackend.from_engine_args``): we build the
+    engine and shut it down in ``aclose``. Requests with ``prompt_token_ids`` are
+    sent as token prompts; others are chat-templated with the engine's tokenizer
+    (or ``tokenizer``) on the event loop and sent as token ids, so the prompt ids
+    come back exactly. ``abort_timeout`` bounds each abort on cancellation.
+    """
+
+    def __init__(
+        self,
+        engine: EngineLike | None = None,
+        *,
+        model: str | None = None,
+        tokenizer: Any = None,
+        abort_timeout: float = 10.0,
+        **engine_kwargs: Any,
+    ) -> None:
+        if (engine is None) == (model is None):
+            raise ValueError("VLLMBackend needs exactly one of engine= or model=")
+        if engine is not None and engine_kwargs:
+            raise ValueError(
+                f"VLLMBackend engine args {sorted(engine_kwargs)} need model=, not a ready engine"
+            )
+        if abort_timeout <= 0:
+            raise ValueError(f"VLLMBackend abort_timeout must be > 0, got {abort_timeout!r}")
+        self._owns_engine = engine is None
+        self._engine: EngineLike = (
+            engine if engine is not None else build_engine(str(model), engine_kwargs)
+        )
+        self._tokenizer = tokenizer
+        self._abort_timeout = abort_timeout
+        self._closed = False
+
+    @classmethod
+    def from_engine_args(
+        cls, model: str, *, tokenizer: Any = None, abort_timeout: float = 10.0, **engine_kwargs: Any
+    ) -> VLLMBackend:
+        """Build and own an ``AsyncLLM`` from ``AsyncEngineArgs(model=model, **engine_kwargs)``."""
+        return cls(model=model, tokenizer=tokenizer, abort_timeout=abort_timeout, **engine_kwargs)
+
+    @property
+    def engine(self) -> EngineLike:
+        return self._engine
+
+    async def generate(
+        self, requests: Sequence[GenerationRequest], params: SamplingParams
+    ) -> list[Completion]:
+        """Submit all requests concurrently; completions come back in request order."""
+        if self._closed:
+            raise ClosedError("VLLMBackend")
+        if not requests:
+            return []
+        sampling_params = make_sampling_params(params)
+        wrap = tokens_prompt_factory()
+        prompts = [wrap(await self._prompt_token_ids(r)) for r in requests]
+        return await gather_in_order(self._run_one(p, sampling_params) for p in prompts)
+
+    async def _prompt_token_ids(self, request: GenerationRequest) -> list[int]:
+        if request.prompt_token_ids is not None:
+            return list(request.prompt_token_ids)
+        tokenizer = await self._get_tokenizer()
+        conversation = [{"role": m.role, "content": m.content} for m in request.messages]
+        try:
+            text = tokenizer.apply_chat_template(
+                conversation, tokenize=False, add_generation_prompt=True
+            )
+            # The template already holds the special tokens (BOS...): do not add them twice.
+            return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
+        except Exception as exc:
+            raise BackendError(
+                f"chat templating failed for rollout {request.rollout_index}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+
+    async def _get_tokenizer(self) -> Any:
+        """The engine's tokenizer; ``get_tokenizer()`` is async in vLLM 0.11, sync later."""
+        if self._tokenizer is None:
+            tokenizer = self._engine.get_tokenizer()
+            if inspect.isawaitable(tokenizer):
+                tokenizer = await tokenizer
+            self._tokenizer = tokenizer
+        return self._tokenizer
+
+    async def _run_one(self, prompt: Any, sampling_params: Any) -> Completion:
+        """Drain one request's output stream to its final output; abort it if we stop early."""
+        request_id = f"llenvs-{uuid.uuid4().hex}"
+        final: Any = None
+        try:
+            stream = self._engine.generate(prompt, sampling_params, request_id)
+            async with contextlib.aclosing(stream):
+                async for output in stream:
+                    final = output
+        except asyncio.CancelledError:
+            await self._abort(request_id)
+            raise
+        except Exception as exc:
+            await self._abort(request_id)
+            raise BackendError(
+                f"vLLM request {request_id} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        if final is None:
+            raise BackendError(f"vLLM request {request_id} produced no output")
+        return to_completion(final, request_id)
+
+    async def _abort(self, request_id: str) -> None:
+        """Abort in the engine, shielded from cancellation and bounded by ``abort_timeout``."""
+        try:
+            async with asyncio.timeout(self._abort_timeout):
+                await asyncio.shield(self._engine.abort(request_id))
+        except Exception as exc:  # the request is being abandoned anyway: log, do not mask
+            _log.warning("could not abort vLLM request %s: %r", request_id, exc)
+
+    async def aclose(self) -> None:
+        """Shut the engine down if we built it; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_engine:
+            self._engine.shutdown()
+
+    async def __aenter__(self) -> VLLMBackend:
+        if self._closed:
+            raise ClosedError("VLLMBackend")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()

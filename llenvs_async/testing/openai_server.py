@@ -1,0 +1,402 @@
+"""A real OpenAI-compatible HTTP server on 127.0.0.1 for tests and examples (stdlib asyncio).
+
+It answers ``/v1/chat/completions`` and ``/v1/completions`` (list prompts, choice
+index ``prompt_i * n + j``) like ``vllm serve``: deterministic fake token ids (one
+per character, see ``fake_token_ids``), logprobs and ``return_token_ids``. It
+records every request, counts the most requests in flight at once, and injects
+faults (HTTP errors, ``Retry-After``, malformed bodies, delays) in FIFO order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from types import MappingProxyType, TracebackType
+from typing import Any
+
+__all__ = [
+    "Fault",
+    "OpenAITestServer",
+    "RecordedRequest",
+    "ServerPolicy",
+    "default_policy",
+    "fake_logprob",
+    "fake_token_ids",
+    "serve_openai_compatible",
+]
+
+ServerPolicy = Callable[[Any], str]
+"""Gets the chat ``messages`` list or one completions ``prompt`` (str or token ids)."""
+
+_TOKEN_BASE = 1000
+_MAX_BODY = 16 * 1024 * 1024
+
+
+def fake_token_ids(text: str) -> list[int]:
+    """The fake tokenizer: one token per character, ``1000 + ord(c)``."""
+    return [_TOKEN_BASE + ord(c) for c in text]
+
+
+def fake_logprob(token_id: int) -> float:
+    """The fake model's logprob for a sampled token (deterministic, always < 0)."""
+    return -((token_id % 17) + 1) / 8
+
+
+def _detokenize(token_ids: Iterable[int]) -> str:
+    return "".join(chr(t - _TOKEN_BASE) if t >= _TOKEN_BASE else f"<{t}>" for t in token_ids)
+
+
+def default_policy(prompt: Any) -> str:
+    """``echo: <last message content>`` for chats, ``echo: <prompt>`` for completions."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[-1], Mapping):
+        return f"echo: {prompt[-1].get('content', '')}"
+    if isinstance(prompt, list):
+        return f"echo: {_detokenize(prompt)}"
+    return f"echo: {prompt}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fault:
+    """One injected misbehaviour, applied to the next ``times`` requests.
+
+    ``delay_s`` waits first; then ``status_code``/``body``/``headers`` replace the
+    reply (a ``None`` status means "the normal reply, late").
+    """
+
+    status_code: int | None = None
+    body: bytes | Mapping[str, Any] | None = None
+    headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    delay_s: float = 0.0
+    times: int = 1
+
+    @classmethod
+    def http_error(
+        cls,
+        status_code: int,
+        *,
+        message: str = "injected fault",
+        headers: Mapping[str, str] | None = None,
+        times: int = 1,
+    ) -> Fault:
+        """An error reply with an OpenAI-style error body."""
+        body = _error(status_code, message)
+        return cls(status_code=status_code, body=body, headers=dict(headers or {}), times=times)
+
+    @classmethod
+    def malformed(
+        cls, body: bytes | Mapping[str, Any] = b"<html>not json", *, times: int = 1
+    ) -> Fault:
+        """A 200 reply whose body is not a valid completion response."""
+        return cls(status_code=200, body=body, times=times)
+
+    @classmethod
+    def delayed(cls, seconds: float, *, times: int = 1) -> Fault:
+        """The normal reply, ``seconds`` late (use far more than the client timeout)."""
+        return cls(delay_s=seconds, times=times)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedRequest:
+    """A request as the server received it; ``json`` is the decoded body (None if not JSON)."""
+
+    method: str
+    path: str
+    headers: Mapping[str, str]
+    json: Any
+
+
+class _BadRequest(Exception):
+    """A request this minimal server cannot parse: the connection is dropped."""
+
+
+class OpenAITestServer:
+    """The server; use ``async with serve_openai_compatible(...) as server: server.base_url``.
+
+    ``hold_until_in_flight=N`` makes requests wait until N are in flight at once (or
+    ``hold_timeout`` passes; then holding stops), so a test can prove that a batch is
+    concurrent, or, with N above a client's bound, that the bound holds.
+    ``reverse_choices`` returns completions choices in reverse order (clients must
+    map them by ``index``).
+    """
+
+    def __init__(
+        self,
+        *,
+        policy: ServerPolicy = default_policy,
+        faults: Iterable[Fault] = (),
+        hold_until_in_flight: int | None = None,
+        hold_timeout: float = 10.0,
+        reverse_choices: bool = False,
+        model: str = "fake-model",
+    ) -> None:
+        self.policy = policy
+        self.model = model
+        self.reverse_choices = reverse_choices
+        self.requests: list[RecordedRequest] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._faults: deque[list[Any]] = deque()
+        for fault in faults:
+            self.inject(fault)
+        self._hold_until = hold_until_in_flight
+        self._hold_timeout = hold_timeout
+        self._released = asyncio.Event()
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[Any]] = set()
+        self.port = 0
+
+    @property
+    def base_url(self) -> str:
+        """The API root, as OpenAI clients take it."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def inject(self, fault: Fault) -> None:
+        """Queue a fault behind those already queued."""
+        self._faults.append([fault, fault.times])
+
+    async def start(self) -> None:
+        """Listen on an ephemeral port of 127.0.0.1."""
+        self._server = await asyncio.start_server(self._serve_connection, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def aclose(self) -> None:
+        """Stop listening and cancel every open connection (delayed replies included)."""
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        server.close()
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        await server.wait_closed()
+
+    async def __aenter__(self) -> OpenAITestServer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def _serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        try:
+            while (request := await _read_request(reader)) is not None:
+                method, path, headers, body = request
+                status, extra, payload = await self._respond(method, path, headers, body)
+                await _write_response(writer, status, extra, payload)
+                if headers.get("connection", "").lower() == "close":
+                    break
+        except (ConnectionError, asyncio.IncompleteReadError, _BadRequest):
+            pass
+        finally:
+            self._connections.discard(task)
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+    async def _respond(
+        self, method: str, path: str, headers: Mapping[str, str], body: bytes
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        try:
+            decoded: Any = json.loads(body) if body else None
+        except ValueError:
+            decoded = None
+        self.requests.append(
+            RecordedRequest(method, path, MappingProxyType(dict(headers)), decoded)
+        )
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await self._hold()
+            fault = self._next_fault()
+            if fault is not None and fault.delay_s:
+                await asyncio.sleep(fault.delay_s)
+            if fault is not None and fault.status_code is not None:
+                raw = fault.body
+                payload = raw if isinstance(raw, bytes) else json.dumps(dict(raw or {})).encode()
+                return fault.status_code, fault.headers, payload
+            status, reply = self._route(method, path, decoded)
+            return status, {}, json.dumps(reply).encode()
+        finally:
+            self.in_flight -= 1
+
+    async def _hold(self) -> None:
+        if self._hold_until is None:
+            return
+        if self.in_flight >= self._hold_until:
+            self._released.set()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._hold_timeout):
+                await self._released.wait()
+        self._released.set()  # after a timeout, stop holding anyone
+
+    def _next_fault(self) -> Fault | None:
+        if not self._faults:
+            return None
+        entry = self._faults[0]
+        entry[1] -= 1
+        if entry[1] <= 0:
+            self._faults.popleft()
+        fault: Fault = entry[0]
+        return fault
+
+    def _route(self, method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
+        if method == "GET" and path == "/v1/models":
+            return 200, {"object": "list", "data": [{"id": self.model, "object": "model"}]}
+        if method != "POST" or path not in ("/v1/chat/completions", "/v1/completions"):
+            return 404, _error(404, f"no route for {method} {path}")
+        if not isinstance(body, dict):
+            return 400, _error(400, "the request body is not a JSON object")
+        if path == "/v1/chat/completions":
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                return 400, _error(400, "'messages' must be a non-empty list")
+            return 200, self._chat(body, messages)
+        prompt = body.get("prompt")
+        prompts = prompt if isinstance(prompt, list) and not _is_token_list(prompt) else [prompt]
+        if not prompts or not all(isinstance(p, str) or _is_token_list(p) for p in prompts):
+            return 400, _error(400, "'prompt' must be a string, token ids, or a list of those")
+        return 200, self._completions(body, prompts)
+
+    def _chat(self, body: Mapping[str, Any], messages: list[Any]) -> dict[str, Any]:
+        rendered = "".join(f"<{m.get('role')}>{m.get('content')}" for m in messages)
+        choices = []
+        for j in range(int(body.get("n") or 1)):
+            text, ids, finish = _sample(self.policy(messages), body)
+            choice: dict[str, Any] = {
+                "index": j,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
+            if body.get("logprobs"):
+                content = [{"token": _detokenize([t]), "logprob": fake_logprob(t)} for t in ids]
+                choice["logprobs"] = {"content": content}
+            if body.get("return_token_ids"):
+                choice["token_ids"] = ids
+            choices.append(choice)
+        reply: dict[str, Any] = {
+            "id": f"chatcmpl-{len(self.requests)}",
+            "object": "chat.completion",
+        }
+        reply.update(model=self.model, choices=choices)
+        if body.get("return_token_ids"):
+            reply["prompt_token_ids"] = fake_token_ids(rendered)
+        return reply
+
+    def _completions(self, body: Mapping[str, Any], prompts: list[Any]) -> dict[str, Any]:
+        n = int(body.get("n") or 1)
+        choices = []
+        for i, prompt in enumerate(prompts):
+            prompt_ids = prompt if isinstance(prompt, list) else fake_token_ids(prompt)
+            for j in range(n):
+                text, ids, finish = _sample(self.policy(prompt), body)
+                choice: dict[str, Any] = {
+                    "index": i * n + j,
+                    "text": text,
+                    "logprobs": None,
+                    "finish_reason": finish,
+                }
+                if body.get("logprobs") is not None:
+                    choice["logprobs"] = {
+                        "tokens": [_detokenize([t]) for t in ids],
+                        "token_logprobs": [fake_logprob(t) for t in ids],
+                    }
+                if body.get("return_token_ids"):
+                    choice["token_ids"] = ids
+                    choice["prompt_token_ids"] = prompt_ids
+                choices.append(choice)
+        if self.reverse_choices:
+            choices.reverse()
+        return {
+            "id": f"cmpl-{len(self.requests)}",
+            "object": "text_completion",
+            "model": self.model,
+            "choices": choices,
+        }
+
+
+def serve_openai_compatible(
+    *,
+    policy: ServerPolicy = default_policy,
+    faults: Iterable[Fault] = (),
+    hold_until_in_flight: int | None = None,
+    hold_timeout: float = 10.0,
+    reverse_choices: bool = False,
+    model: str = "fake-model",
+) -> OpenAITestServer:
+    """A not-yet-started server: ``async with serve_openai_compatible(...) as server``."""
+    return OpenAITestServer(
+        policy=policy,
+        faults=faults,
+        hold_until_in_flight=hold_until_in_flight,
+        hold_timeout=hold_timeout,
+        reverse_choices=reverse_choices,
+        model=model,
+    )
+
+
+def _sample(text: str, body: Mapping[str, Any]) -> tuple[str, list[int], str]:
+    """Apply ``stop`` then ``max_tokens`` (one token per character) like a real server."""
+    finish = "stop"
+    stops = body.get("stop") or []
+    for stop in [stops] if isinstance(stops, str) else stops:
+        if stop and stop in text:
+            text = text[: text.index(stop)]
+    max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 16
+    if len(text) > max_tokens:
+        text, finish = text[:max_tokens], "length"
+    return text, fake_token_ids(text), finish
+
+
+def _is_token_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, int) for v in value)
+
+
+def _error(status: int, message: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": HTTPStatus(status).phrase, "code": status}}
+
+
+async def _read_request(
+    reader: asyncio.StreamReader,
+) -> tuple[str, str, dict[str, str], bytes] | None:
+    """One HTTP/1.1 request (Content-Length bodies only); None at a clean end of stream."""
+    line = await reader.readline()
+    if not line:
+        return None
+    parts = line.decode("latin-1").split()
+    if len(parts) != 3:
+        raise _BadRequest(line)
+    headers: dict[str, str] = {}
+    while (raw := await reader.readline()) not in (b"\r\n", b"\n", b""):
+        name, _, value = raw.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    length = int(headers.get("content-length", "0"))
+    if length > _MAX_BODY or "chunked" in headers.get("transfer-encoding", ""):
+        raise _BadRequest(headers)
+    body = await reader.readexactly(length) if length else b""
+    return parts[0], parts[1].split("?")[0], headers, body
+
+
+async def _write_response(
+    writer: asyncio.StreamWriter, status: int, headers: Mapping[str, str], body: bytes
+) -> None:
+    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}"]
+    all_headers = {"Content-Type": "application/json", **headers, "Content-Length": str(len(body))}
+    lines += [f"{k}: {v}" for k, v in all_headers.items()]
+    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+    await writer.drain()
