@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Self, runtime_checkable
 
 from .errors import ClosedError, EnvError, RestoreError, StaleStateError
 from .types import Action, State, StepResult
@@ -124,7 +124,7 @@ class BaseEnvironment:
         self._closed = True
         await self._aclose()
 
-    async def __aenter__(self) -> BaseEnvironment:
+    async def __aenter__(self) -> Self:
         self._ensure_open()
         return self
 
