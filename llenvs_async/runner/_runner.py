@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 from collections.abc import AsyncGenerator, Sequence
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
 from ..backends.base import Backend
 from ..env import EnvFactory, Environment, RestoreFn, replay_restore
+from ..errors import ClosedError
 from ..types import Action, SamplingParams, State, Trajectory
 from ._config import RunConfig, RunnerStats
 from ._lockstep import run_chunk
@@ -25,6 +28,10 @@ class TrajectoryRunner:
     restored with ``restore_fn`` (default ``replay_restore``); pure environments serve
     every rollout from ``environment``. ``batch_size`` caps live instances; a failed
     rollout is returned with ``error`` set, never dropped. Safe to call concurrently.
+
+    The runner does not own ``environment`` or ``backend``. Used as an async context
+    manager (or via ``aclose()``) it closes what it does own: a ``restore_fn`` that
+    holds resources (e.g. snapshot images) and has an ``aclose``.
     """
 
     def __init__(
@@ -69,6 +76,29 @@ class TrajectoryRunner:
         self.stats = RunnerStats()
         # Without a factory a non-pure environment is one shared instance: runs take turns.
         self._shared_env_lock = asyncio.Lock()
+        self._closed = False
+
+    async def aclose(self) -> None:
+        """Release resources held by ``restore_fn`` (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        closer = getattr(self.restore_fn, "aclose", None)
+        if closer is not None:
+            result = closer()
+            if inspect.isawaitable(result):
+                await result
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
 
     @property
     def multi_instance(self) -> bool:
@@ -147,6 +177,8 @@ class TrajectoryRunner:
     async def _iterate(
         self, specs: list[RolloutInput], batch_size: int | None, max_steps: int | None
     ) -> AsyncGenerator[Trajectory, None]:
+        if self._closed:
+            raise ClosedError("TrajectoryRunner")
         _check_positive("batch_size", batch_size)
         _check_positive("max_steps", max_steps)
         cfg = self._config(max_steps)

@@ -172,3 +172,26 @@ async def test_iter_yields_as_rollouts_finish(counter_factory) -> None:  # type:
     )
     order = [t.index async for t in runner.iter_batch_from_states(states)]
     assert order == [1, 2, 0]  # shortest first
+
+
+async def test_runner_closes_a_restore_fn_that_holds_resources() -> None:
+    from llenvs_async import ClosedError, replay_restore
+
+    class Holding:
+        closed = 0
+
+        async def __call__(self, env, state):  # type: ignore[no-untyped-def]
+            return await replay_restore(env, state)
+
+        async def aclose(self) -> None:
+            self.closed += 1
+
+    restore = Holding()
+    async with TrajectoryRunner(
+        environment=ChainEnv(), backend=ScriptedBackend(lambda r: "right"), restore_fn=restore
+    ) as runner:
+        await runner.run_batch([0])
+    await runner.aclose()
+    assert restore.closed == 1
+    with pytest.raises(ClosedError):
+        await runner.run_batch([0])
