@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from llenvs_async import Action, RestoreError, ScriptedBackend, State, TrajectoryRunner
 from llenvs_async.envs import ChainEnv, CounterEnv
 
