@@ -40,4 +40,5 @@ bench: install docker images
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf demo-output
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
