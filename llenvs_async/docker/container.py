@@ -1,0 +1,452 @@
+"""`Container`: create+start with safe defaults, exec with timeouts, files, commit, removal."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import io
+import json
+import math
+import tarfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType, TracebackType
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..errors import ClosedError, ContainerError
+from ._shield import shielded
+from .engine import DockerEngine, translate_errors
+from .output import DEFAULT_MAX_OUTPUT_BYTES, CappedOutput, CommandResult
+from .ownership import OWNER_LABEL, OWNER_START_LABEL, SESSION_LABEL
+from .reaper import register_backstop, remove_container_sync
+
+if TYPE_CHECKING:
+    from aiodocker.execs import Exec
+    from aiodocker.stream import Stream
+
+    from .shell import ShellKind, ShellSession
+
+__all__ = ["DEFAULT_CAP_DROP", "Container", "ContainerSpec"]
+
+# Capabilities a shell task (apt, pip, compilers, servers on low ports) does not need.
+DEFAULT_CAP_DROP = ("AUDIT_WRITE", "MKNOD", "NET_RAW", "SETFCAP", "SETPCAP", "SYS_CHROOT")
+_GiB = 1 << 30
+_PID_MARK = "__llenvs_pid__"
+
+# Signals a process tree from a second exec, using only shell builtins (it must work even
+# when the pids limit is exhausted). Args: SIGNAL ROOT KEEP_ROOT(0/1) MIN_AGE_TICKS(-: all).
+# Targets ROOT and those of its process group and descendants started at most MIN_AGE_TICKS
+# ago; KILL repeats until nothing is left (fork bombs). Prints how many signals were sent.
+KILL_TREE_SCRIPT = r"""
+sig=$1 root=$2 keep=$3 age=$4 self=$$ pg=$2 min=0 total=0 rounds=0
+if read -r l 2>/dev/null </proc/$root/stat; then set -- ${l##*)}; pg=$3; fi
+if [ "$age" != - ]; then
+  read -r up _ </proc/uptime; up=${up%.*}${up#*.}; min=$((up - age))
+fi
+while [ $rounds -lt 100 ]; do
+  rounds=$((rounds + 1)) tree=" $root " more=1 hit=0
+  while [ $more = 1 ]; do
+    more=0
+    for d in /proc/[0-9]*; do
+      p=${d#/proc/}
+      case $tree in *" $p "*) continue ;; esac
+      read -r l 2>/dev/null <$d/stat || continue
+      set -- ${l##*)}
+      case $tree in *" $2 "*) tree="$tree$p " more=1; continue ;; esac
+      if [ "$3" = "$pg" ]; then tree="$tree$p " more=1; fi
+    done
+  done
+  for p in $tree; do
+    [ "$p" = "$self" ] && continue
+    [ "$keep" = 1 ] && [ "$p" = "$root" ] && continue
+    read -r l 2>/dev/null </proc/$p/stat || continue
+    set -- ${l##*)}
+    [ "$1" = Z ] && continue
+    [ "$p" != "$root" ] && [ "${20}" -lt "$min" ] && continue
+    kill -$sig $p 2>/dev/null && hit=$((hit + 1))
+  done
+  total=$((total + hit))
+  [ "$sig" = KILL ] && [ $hit -gt 0 ] || break
+done
+echo $total
+"""
+
+
+def _frozen(mapping: Mapping[str, str] | None = None) -> Mapping[str, str]:
+    return MappingProxyType(dict(mapping or {}))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ContainerSpec:
+    """How to create a container; every default is the safe one.
+
+    ``command`` runs as the entrypoint and only has to keep the container alive.
+    ``network_mode="none"`` disables networking; pass e.g. ``"bridge"`` to allow it.
+    """
+
+    image: str
+    command: tuple[str, ...] = ("sleep", "infinity")
+    env: Mapping[str, str] = field(default_factory=_frozen)
+    workdir: str | None = None
+    user: str | None = None
+    hostname: str | None = None
+    name: str | None = None
+    network_mode: str = "none"
+    memory_bytes: int | None = 2 * _GiB
+    pids_limit: int | None = 1024
+    cpus: float | None = 1.0
+    cap_drop: tuple[str, ...] = DEFAULT_CAP_DROP
+    cap_add: tuple[str, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=_frozen)
+
+    def __post_init__(self) -> None:
+        if not self.image:
+            raise ValueError("ContainerSpec.image must be a non-empty image name")
+        for what, value in (("memory_bytes", self.memory_bytes), ("pids_limit", self.pids_limit)):
+            if value is not None and value <= 0:
+                raise ValueError(f"ContainerSpec.{what} must be positive or None, got {value!r}")
+        if self.cpus is not None and not (self.cpus > 0 and math.isfinite(self.cpus)):
+            raise ValueError(f"ContainerSpec.cpus must be positive or None, got {self.cpus!r}")
+        reserved = {OWNER_LABEL, OWNER_START_LABEL, SESSION_LABEL} & set(self.labels)
+        if reserved:
+            raise ValueError(f"ContainerSpec.labels may not set {sorted(reserved)}: they are ours")
+        for key in ("env", "labels"):
+            object.__setattr__(self, key, _frozen(getattr(self, key)))
+
+    def to_config(self, owner_labels: Mapping[str, str]) -> dict[str, Any]:
+        """The Engine API ``containers/create`` body."""
+        host: dict[str, Any] = {
+            "NetworkMode": self.network_mode,
+            "Privileged": False,
+            "Init": True,
+            "CapDrop": list(self.cap_drop),
+            "CapAdd": list(self.cap_add),
+            "SecurityOpt": ["no-new-privileges:true"],
+            "Binds": [],
+        }
+        if self.memory_bytes is not None:
+            host["Memory"] = host["MemorySwap"] = self.memory_bytes
+        if self.pids_limit is not None:
+            host["PidsLimit"] = self.pids_limit
+        if self.cpus is not None:
+            host["NanoCpus"] = int(self.cpus * 1e9)
+        config: dict[str, Any] = {
+            "Image": self.image,
+            "Entrypoint": list(self.command),
+            "Cmd": [],
+            "Env": [f"{k}={v}" for k, v in self.env.items()],
+            "Labels": {**self.labels, **owner_labels},
+            "NetworkDisabled": self.network_mode == "none",
+            "HostConfig": host,
+            "AttachStdin": False,
+            "OpenStdin": False,
+            "Tty": False,
+        }
+        for key, value in (("WorkingDir", self.workdir), ("User", self.user),
+                           ("Hostname", self.hostname)):  # fmt: skip
+            if value:
+                config[key] = value
+        return config
+
+
+class Container:
+    """A started container owned by this process; ``aclose`` force-removes it (idempotent,
+    shielded from cancellation and bounded by ``remove_timeout``).
+    """
+
+    def __init__(
+        self, engine: DockerEngine, container_id: str, spec: ContainerSpec, *, remove_timeout: float
+    ) -> None:
+        self.engine = engine
+        self.id = container_id
+        self.spec = spec
+        self.remove_timeout = remove_timeout
+        self._raw = engine.client.containers.container(container_id)
+        self._sessions: list[ShellSession] = []
+        self._closed = False
+
+    @classmethod
+    async def create(
+        cls,
+        engine: DockerEngine,
+        spec: ContainerSpec,
+        *,
+        create_timeout: float = 120.0,
+        remove_timeout: float = 30.0,
+    ) -> Container:
+        """Create and start a container (never pulls: images must exist locally)."""
+        config = spec.to_config(engine.labels)
+        register_backstop(engine.url)
+        created: list[str] = []
+
+        async def create() -> str:
+            with translate_errors(f"creating a container from {spec.image!r}", image=spec.image):
+                raw = await engine.client.containers.create(config, name=spec.name)
+            created.append(raw.id)
+            with translate_errors("starting container", container_id=raw.id):
+                await raw.start()
+            return str(raw.id)
+
+        try:
+            container_id = await shielded(create(), within=create_timeout)
+        except BaseException as exc:
+            for cid in created:
+                await shielded(engine.remove_container(cid), within=remove_timeout)
+            if isinstance(exc, TimeoutError):
+                raise ContainerError(
+                    f"creating a container from {spec.image!r} took over {create_timeout}s"
+                ) from exc
+            raise
+        return cls(engine, container_id, spec, remove_timeout=remove_timeout)
+
+    @property
+    def short_id(self) -> str:
+        return self.id[:12]
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"Container {self.short_id}")
+
+    async def inspect(self) -> dict[str, Any]:
+        self._check_open()
+        with translate_errors("inspecting container", container_id=self.id):
+            data: dict[str, Any] = await self._raw.show()
+        return data
+
+    async def open_exec(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bool = False,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        user: str | None = None,
+    ) -> tuple[Exec, Stream]:
+        """Start an exec and return it with its attached stream (the caller closes the stream)."""
+        self._check_open()
+        with translate_errors(f"exec {argv[0]!r}", container_id=self.id):
+            execution = await self._raw.exec(
+                list(argv), stdin=stdin, environment=dict(env or {}), workdir=workdir,
+                user=user or "",
+            )  # fmt: skip
+            stream = execution.start()
+            await stream.__aenter__()
+        return execution, stream
+
+    async def exec(
+        self,
+        argv: str | Sequence[str],
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - on timeout the processes are killed
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        user: str | None = None,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    ) -> CommandResult:
+        """Run one process (a string runs under ``/bin/sh -c``); stdout+stderr combined.
+
+        On timeout, or if the caller is cancelled, the process's whole group and its
+        descendants are killed. Needs ``/bin/sh`` in the image.
+        """
+        command = ["/bin/sh", "-c", argv] if isinstance(argv, str) else list(argv)
+        if not command:
+            raise ValueError("exec needs a non-empty argv")
+        wrapped = ["/bin/sh", "-c", f'printf "{_PID_MARK}%d\\n" $$; exec "$@"', "sh", *command]
+        started = time.monotonic()
+        execution, stream = await self.open_exec(wrapped, env=env, workdir=workdir, user=user)
+        out = CappedOutput(max_output_bytes)
+        pid: list[int] = []
+        timed_out = False
+        try:
+            try:
+                async with asyncio.timeout(timeout):
+                    await _drain(stream, out, pid)
+            except TimeoutError:
+                timed_out = True
+                if pid and pid[0] > 0:
+                    await self.signal_tree(pid[0], "KILL")
+                async with asyncio.timeout(10):
+                    await _drain(stream, out, pid)
+        except asyncio.CancelledError:
+            if pid and pid[0] > 0:
+                await shielded(self.signal_tree(pid[0], "KILL"), within=10)
+            raise
+        except TimeoutError as exc:
+            raise ContainerError(
+                f"exec {command[0]!r} did not end after being killed", container_id=self.id
+            ) from exc
+        finally:
+            await stream.close()
+        with translate_errors("inspecting exec", container_id=self.id):
+            info = await execution.inspect()
+        return CommandResult(
+            output=out.text(),
+            exit_code=info.get("ExitCode"),
+            timed_out=timed_out,
+            truncated_bytes=out.truncated_bytes,
+            duration_s=time.monotonic() - started,
+        )
+
+    async def signal_tree(
+        self,
+        root_pid: int,
+        signal: Literal["INT", "TERM", "KILL"],
+        *,
+        keep_root: bool = False,
+        max_age_s: float | None = None,
+    ) -> int:
+        """Signal ``root_pid``'s process group and descendants from a second exec.
+
+        ``max_age_s`` limits it to processes started that recently; returns the count signalled.
+        """
+        age = "-" if max_age_s is None else str(math.ceil(max_age_s * 100) + 50)
+        argv = ["/bin/sh", "-c", KILL_TREE_SCRIPT, "llenvs-kill", signal, str(root_pid),
+                "1" if keep_root else "0", age]  # fmt: skip
+        _, stream = await self.open_exec(argv)
+        out = CappedOutput(4096)
+        try:
+            with translate_errors("signalling processes", container_id=self.id):
+                await _drain(stream, out)
+        finally:
+            await stream.close()
+        text = out.text().strip()
+        return int(text) if text.isdigit() else 0
+
+    async def shell(
+        self, *, shell: ShellKind = "auto", max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
+    ) -> ShellSession:
+        """Start a persistent shell in this container; it is closed with the container."""
+        from .shell import ShellSession
+
+        session = await ShellSession.start(self, shell=shell, max_output_bytes=max_output_bytes)
+        self._sessions.append(session)
+        return session
+
+    async def put_files(self, files: Mapping[str, bytes | str], *, mode: int = 0o644) -> None:
+        """Write files (absolute paths; missing parent directories are created)."""
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for path, content in files.items():
+                if not path.startswith("/"):
+                    raise ValueError(f"put_files needs absolute paths, got {path!r}")
+                data = content.encode() if isinstance(content, str) else content
+                member = tarfile.TarInfo(path.lstrip("/"))
+                member.size, member.mode, member.mtime = len(data), mode, int(time.time())
+                tar.addfile(member, io.BytesIO(data))
+        await self.put_archive("/", buf.getvalue())
+
+    async def put_file(self, path: str, content: bytes | str, *, mode: int = 0o644) -> None:
+        await self.put_files({path: content}, mode=mode)
+
+    async def put_archive(self, directory: str, tar_bytes: bytes) -> None:
+        """Extract a tar archive into ``directory`` (which must exist)."""
+        self._check_open()
+        with translate_errors(f"copying files into {directory!r}", container_id=self.id):
+            await self._raw.put_archive(directory, tar_bytes)  # type: ignore[no-untyped-call]
+
+    async def get_file(self, path: str) -> bytes:
+        """Read one regular file from the container."""
+        self._check_open()
+        with translate_errors(f"reading {path!r}", container_id=self.id):
+            tar = await self._raw.get_archive(path)
+        with tar:
+            member = tar.next()
+            extracted = tar.extractfile(member) if member is not None else None
+            if extracted is None:
+                raise ContainerError(f"{path!r} is not a regular file", container_id=self.id)
+            return extracted.read()
+
+    async def commit(
+        self,
+        repo: str,
+        tag: str = "latest",
+        *,
+        labels: Mapping[str, str] | None = None,
+        changes: Sequence[str] = (),
+    ) -> str:
+        """Snapshot the container's filesystem as image ``repo:tag``; returns the image id.
+
+        Our ownership labels are blanked on the image, so containers run from it by
+        others are never mistaken for ours.
+        """
+        self._check_open()
+        blank = {OWNER_LABEL: "", OWNER_START_LABEL: "", SESSION_LABEL: ""}
+        label_line = " ".join(
+            f"{json.dumps(k)}={json.dumps(v)}" for k, v in {**blank, **(labels or {})}.items()
+        )
+        with translate_errors(f"committing to {repo}:{tag}", container_id=self.id):
+            result = await self._raw.commit(
+                repository=repo, tag=tag, changes=[*changes, f"LABEL {label_line}"]
+            )
+        return str(result["Id"])
+
+    async def aclose(self) -> None:
+        """Close shells and force-remove the container; safe to call twice or when cancelled."""
+        if self._closed:
+            return
+        self._closed = True
+        sessions, self._sessions = self._sessions, []
+        for session in sessions:
+            await session.detach()
+        try:
+            if self.engine.closed:  # the client is gone: a plain synchronous call still works
+                await shielded(self._remove_without_engine(), within=self.remove_timeout)
+            else:
+                await shielded(self.engine.remove_container(self.id), within=self.remove_timeout)
+        except TimeoutError as exc:
+            raise ContainerError(
+                f"removing container {self.short_id} timed out after {self.remove_timeout}s",
+                container_id=self.id,
+            ) from exc
+
+    async def _remove_without_engine(self) -> None:
+        try:
+            await asyncio.to_thread(remove_container_sync, self.id, self.engine.url)
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            raise ContainerError(
+                f"removing container {self.short_id} failed: {exc}", container_id=self.id
+            ) from exc
+
+    async def __aenter__(self) -> Container:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<Container {self.short_id} image={self.spec.image!r} {state}>"
+
+
+async def _drain(stream: Stream, out: CappedOutput, pid: list[int] | None = None) -> None:
+    """Read an exec stream to its end into ``out``; the first stdout line may carry the pid."""
+    head = bytearray()
+    while True:
+        message = await stream.read_out()
+        if message is None:
+            out.feed(bytes(head))
+            return
+        data = message.data
+        if pid is not None and not pid and message.stream == 1:
+            head += data
+            line, newline, rest = head.partition(b"\n")
+            if not newline:
+                continue
+            if line.startswith(_PID_MARK.encode()) and line[len(_PID_MARK) :].isdigit():
+                pid.append(int(line[len(_PID_MARK) :]))
+                data = bytes(rest)
+            else:
+                pid.append(0)
+                data = bytes(head)
+            head.clear()
+        out.feed(data)

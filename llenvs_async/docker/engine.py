@@ -1,0 +1,210 @@
+"""`DockerEngine`: one aiodocker client, its connection check, and error translation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterable, Iterator, Mapping
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Any
+
+import aiodocker
+import aiohttp
+
+from ..errors import ClosedError, ContainerError, DockerUnavailableError, ImageError
+from .ownership import OWNER_LABEL, new_session_id, owner_labels
+
+__all__ = ["DockerEngine", "split_image_ref", "translate_errors"]
+
+_UNREACHABLE = 900  # aiodocker's status for "cannot connect"
+
+
+@contextmanager
+def translate_errors(
+    action: str, *, container_id: str | None = None, image: str | None = None
+) -> Iterator[None]:
+    """Turn aiodocker/aiohttp/OS errors raised inside the block into our error tree."""
+    try:
+        yield
+    except aiodocker.DockerError as exc:
+        status = int(exc.status)
+        message = f"{action} failed: {exc.message}"
+        if status == _UNREACHABLE:
+            raise DockerUnavailableError(message, status=status) from exc
+        if image is not None and status == 404:
+            raise ImageError(message, status=status) from exc
+        raise ContainerError(message, container_id=container_id, status=status) from exc
+    except (aiohttp.ClientError, ConnectionError, FileNotFoundError) as exc:
+        raise DockerUnavailableError(
+            f"{action} failed: Docker engine unreachable ({exc})", container_id=container_id
+        ) from exc
+
+
+def split_image_ref(ref: str) -> tuple[str, str]:
+    """``"repo/name:tag"`` -> ``("repo/name", "tag")``; the tag defaults to ``latest``."""
+    repo, sep, tag = ref.rpartition(":")
+    if not sep or "/" in tag:
+        return ref, "latest"
+    return repo, tag
+
+
+class DockerEngine:
+    """Owns one ``aiodocker.Docker`` (local socket or ``DOCKER_HOST``); an async context manager.
+
+    ``session_id`` is stamped on every container created through this engine.
+    """
+
+    def __init__(self, url: str | None = None, *, session_id: str | None = None) -> None:
+        self.url = url
+        self.session_id = session_id or new_session_id()
+        self._client: aiodocker.Docker | None = None
+        self._closed = False
+        self._lock = asyncio.Lock()
+
+    @property
+    def client(self) -> aiodocker.Docker:
+        """The connected aiodocker client (call ``connect`` first)."""
+        if self._closed:
+            raise ClosedError("DockerEngine")
+        if self._client is None:
+            raise ContainerError("DockerEngine is not connected: call `await engine.connect()`")
+        return self._client
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """Owner and session labels for a container created now by this process."""
+        return owner_labels(self.session_id)
+
+    async def connect(self) -> DockerEngine:
+        """Open the client and check that an engine answers (idempotent)."""
+        if self._closed:
+            raise ClosedError("DockerEngine")
+        async with self._lock:
+            if self._client is not None:
+                return self
+            try:
+                client = aiodocker.Docker(url=self.url)
+            except ValueError as exc:
+                raise DockerUnavailableError(f"no Docker engine configured: {exc}") from exc
+            try:
+                with translate_errors("connecting to the Docker engine"):
+                    await client.version()
+            except BaseException:
+                await client.close()
+                raise
+            self._client = client
+        return self
+
+    async def version(self) -> dict[str, Any]:
+        with translate_errors("docker version"):
+            result: dict[str, Any] = await self.client.version()
+        return result
+
+    async def request_json(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        body: Any = None,
+        action: str = "",
+    ) -> Any:
+        """One raw Engine API call returning its decoded JSON (for endpoints aiodocker lacks)."""
+        with translate_errors(action or f"{method} {path}"):
+            return await self.client._query_json(path, method, params=dict(params or {}), data=body)
+
+    async def post_stream(
+        self,
+        path: str,
+        *,
+        params: Mapping[str, Any],
+        body: AsyncIterable[bytes],
+        content_type: str = "application/x-tar",
+        action: str = "",
+    ) -> list[dict[str, Any]]:
+        """POST a streamed body and collect the JSON progress messages; raise on an error."""
+        what = action or f"POST {path}"
+        with translate_errors(what):
+            async with self.client._query(
+                path,
+                "POST",
+                params=dict(params),
+                data=body,
+                headers={"Content-Type": content_type},
+                timeout=aiohttp.ClientTimeout(),
+                chunked=True,
+            ) as response:
+                raw = await response.read()
+        messages = [
+            json.loads(line) for line in raw.decode("utf-8", "replace").splitlines() if line
+        ]
+        for message in messages:
+            if "error" in message or "errorDetail" in message:
+                detail = message.get("errorDetail", {}).get("message") or message.get("error")
+                raise ImageError(f"{what} failed: {detail}")
+        return messages
+
+    async def list_containers(self, labels: Mapping[str, str | None]) -> list[dict[str, Any]]:
+        """All containers (running or not) carrying ``labels`` (``None`` value: any value)."""
+        wanted = [key if value is None else f"{key}={value}" for key, value in labels.items()]
+        params = {"all": "true", "filters": json.dumps({"label": wanted})}
+        result: list[dict[str, Any]] = await self.request_json(
+            "GET", "containers/json", params=params, action="listing containers"
+        )
+        return result
+
+    async def own_containers(self) -> list[dict[str, Any]]:
+        """Containers created by this process (through any engine)."""
+        return await self.list_containers({OWNER_LABEL: self.labels[OWNER_LABEL]})
+
+    async def remove_container(self, container_id: str) -> bool:
+        """Force-remove a container with its anonymous volumes; ``False`` if it was already gone."""
+        try:
+            with translate_errors("removing container", container_id=container_id):
+                await self.client.containers.container(container_id).delete(force=True, v=True)
+        except ContainerError as exc:
+            if exc.status == 404:
+                return False
+            if exc.status == 409 and "already in progress" in exc.message:
+                return True
+            raise
+        return True
+
+    async def inspect_image(self, ref: str) -> dict[str, Any] | None:
+        """The image's inspect data, or ``None`` when no image has that name or id."""
+        try:
+            with translate_errors(f"inspecting image {ref!r}", image=ref):
+                data: dict[str, Any] = await self.client.images.inspect(ref)
+        except ImageError:
+            return None
+        return data
+
+    async def tag_image(self, ref: str, repo_tag: str) -> None:
+        repo, tag = split_image_ref(repo_tag)
+        with translate_errors(f"tagging {ref!r} as {repo_tag!r}", image=ref):
+            await self.client.images.tag(ref, repo, tag=tag)
+
+    async def aclose(self) -> None:
+        """Close the client (idempotent); containers are not touched."""
+        if self._closed:
+            return
+        self._closed = True
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+
+    async def __aenter__(self) -> DockerEngine:
+        return await self.connect()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()

@@ -1,0 +1,316 @@
+"""Local images without a registry: a Debian base from debootstrap, a busybox image for tests.
+
+Run ``python -m llenvs_async.docker.images build-base`` (or ``build-busybox``, ``build-all``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import fcntl
+import io
+import os
+import re
+import shutil
+import struct
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ImageError, LlenvsError
+from .engine import DockerEngine, split_image_ref
+
+__all__ = [
+    "BASE_ALIASES",
+    "BASE_IMAGE",
+    "BUSYBOX_IMAGE",
+    "IMAGE_LABEL",
+    "ImageInfo",
+    "apt_mirror",
+    "ensure_base_image",
+    "ensure_busybox_image",
+    "import_rootfs",
+    "main",
+]
+
+BASE_IMAGE = "llenvs/base:bookworm"
+BASE_ALIASES = ("debian:bookworm-slim",)
+BUSYBOX_IMAGE = "llenvs/busybox:latest"
+IMAGE_LABEL = "llenvs.image"
+BASE_PACKAGES = ("python3", "procps", "bash", "coreutils")
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ImageInfo:
+    """An image that exists locally; ``built`` is False when an existing one was reused."""
+
+    id: str
+    tags: tuple[str, ...]
+    built: bool
+    seconds: float = 0.0
+
+
+def apt_mirror(apt_dir: Path = Path("/etc/apt"), suite: str = "bookworm") -> str:
+    """The Debian mirror apt already uses for ``suite`` (deb822 ``.sources`` or ``.list`` files)."""
+    candidates: list[tuple[str, list[str]]] = []
+    for path in sorted(apt_dir.glob("sources.list.d/*.sources")):
+        for stanza in re.split(r"\n\s*\n", path.read_text(errors="replace")):
+            fields = dict(
+                (key.strip().lower(), value.strip())
+                for key, _, value in (line.partition(":") for line in stanza.splitlines())
+                if not key.startswith("#") and value
+            )
+            if "deb" in fields.get("types", "").split() and fields.get("enabled", "yes") != "no":
+                suites = fields.get("suites", "").split()
+                candidates += [(uri, suites) for uri in fields.get("uris", "").split()]
+    for path in [apt_dir / "sources.list", *sorted(apt_dir.glob("sources.list.d/*.list"))]:
+        if path.is_file():
+            for line in path.read_text(errors="replace").splitlines():
+                words = re.sub(r"\[[^]]*\]", "", line).split()
+                if len(words) >= 3 and words[0] == "deb":
+                    candidates.append((words[1], [words[2]]))
+    for uri, suites in candidates:
+        if suite in suites and "security" not in uri:
+            return uri.rstrip("/")
+    return DEFAULT_MIRROR
+
+
+async def _existing(engine: DockerEngine, tag: str, label: str) -> ImageInfo | None:
+    data = await engine.inspect_image(tag)
+    if data is None or (data.get("Config") or {}).get("Labels", {}).get(IMAGE_LABEL) != label:
+        return None
+    return ImageInfo(id=str(data["Id"]), tags=tuple(data.get("RepoTags") or ()), built=False)
+
+
+async def _tar_stream(rootfs: Path) -> AsyncIterator[bytes]:
+    proc = await asyncio.create_subprocess_exec(
+        "tar", "--numeric-owner", "-C", str(rootfs), "-c", ".",
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        while chunk := await proc.stdout.read(1 << 20):
+            yield chunk
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+    if proc.returncode != 0:
+        raise ImageError(f"tar of {rootfs} exited with {proc.returncode}")
+
+
+async def _bytes_stream(data: bytes) -> AsyncIterator[bytes]:
+    for start in range(0, len(data), 1 << 20):
+        yield data[start : start + (1 << 20)]
+
+
+async def import_rootfs(
+    engine: DockerEngine,
+    rootfs: Path | bytes,
+    repo_tag: str,
+    *,
+    changes: Sequence[str] = (),
+) -> str:
+    """``docker import``: make an image from a rootfs directory or tar bytes; return its id.
+
+    Uses ``POST /images/create?fromSrc=-`` (aiodocker's ``import_image`` is ``docker load``).
+    """
+    repo, tag = split_image_ref(repo_tag)
+    body = _bytes_stream(rootfs) if isinstance(rootfs, bytes) else _tar_stream(rootfs)
+    params = {"fromSrc": "-", "repo": repo, "tag": tag}
+    if changes:
+        params["changes"] = "\n".join(changes)
+    messages = await engine.post_stream(
+        "images/create", params=params, body=body, action=f"importing {repo_tag}"
+    )
+    statuses = [str(m["status"]) for m in messages if "status" in m]
+    image_id = statuses[-1] if statuses else ""
+    if not image_id.startswith("sha256:"):
+        data = await engine.inspect_image(repo_tag)
+        if data is None:
+            raise ImageError(f"importing {repo_tag} produced no image (engine said {messages!r})")
+        image_id = str(data["Id"])
+    return image_id
+
+
+class _BuildLock:
+    """An exclusive file lock so concurrent processes build an image once."""
+
+    def __init__(self, tag: str) -> None:
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", tag)
+        self.path = Path(tempfile.gettempdir()) / f"llenvs-image-{name}.lock"
+        self._fd = -1
+
+    async def __aenter__(self) -> None:
+        self._fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o666)
+        await asyncio.to_thread(fcntl.flock, self._fd, fcntl.LOCK_EX)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        os.close(self._fd)
+
+
+async def _run_logged(argv: Sequence[str], log: Path) -> None:
+    with log.open("wb") as out:
+        proc = await asyncio.create_subprocess_exec(*argv, stdout=out, stderr=out)
+        try:
+            code = await proc.wait()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    if code != 0:
+        text = await asyncio.to_thread(log.read_text, errors="replace")
+        tail = "\n".join(text.splitlines()[-15:])
+        raise ImageError(f"{argv[0]} exited with {code} (log {log}):\n{tail}")
+
+
+async def ensure_base_image(
+    engine: DockerEngine,
+    *,
+    tag: str = BASE_IMAGE,
+    aliases: Sequence[str] = BASE_ALIASES,
+    suite: str = "bookworm",
+    mirror: str | None = None,
+    packages: Sequence[str] = BASE_PACKAGES,
+    force: bool = False,
+) -> ImageInfo:
+    """Build the Debian base image from a debootstrap rootfs unless it already exists.
+
+    Needs root and ``debootstrap``; the mirror defaults to the one apt uses here.
+    Tags ``aliases`` too, so Dockerfiles saying ``FROM debian:bookworm-slim`` build offline.
+    """
+    label = f"base-{suite}"
+    async with _BuildLock(tag):
+        info = None if force else await _existing(engine, tag, label)
+        if info is None:
+            info = await _build_base(
+                engine, tag, suite, mirror or apt_mirror(suite=suite), packages
+            )
+        for alias in aliases:
+            await engine.tag_image(info.id, alias)
+    return ImageInfo(id=info.id, tags=(tag, *aliases), built=info.built, seconds=info.seconds)
+
+
+async def _build_base(
+    engine: DockerEngine, tag: str, suite: str, mirror: str, packages: Sequence[str]
+) -> ImageInfo:
+    debootstrap = shutil.which("debootstrap")
+    if debootstrap is None:
+        raise ImageError("debootstrap is not installed (apt-get install debootstrap)")
+    if os.geteuid() != 0:
+        raise ImageError("building the base image needs root (debootstrap creates device files)")
+    started = time.monotonic()
+    workdir = Path(tempfile.mkdtemp(prefix="llenvs-rootfs-", dir="/var/tmp"))
+    try:
+        rootfs = workdir / "rootfs"
+        argv = [debootstrap, "--variant=minbase", f"--include={','.join(packages)}"]
+        await _run_logged([*argv, suite, str(rootfs), mirror], workdir / "debootstrap.log")
+        for deb in (rootfs / "var/cache/apt/archives").glob("*.deb"):
+            deb.unlink()
+        changes = [
+            'CMD ["/bin/bash"]',
+            f"ENV PATH={_PATH}",
+            f"LABEL {IMAGE_LABEL}=base-{suite}",
+        ]
+        image_id = await import_rootfs(engine, rootfs, tag, changes=changes)
+    finally:
+        await asyncio.to_thread(shutil.rmtree, workdir, True)
+    return ImageInfo(id=image_id, tags=(tag,), built=True, seconds=time.monotonic() - started)
+
+
+def _is_static_elf(path: Path) -> bool:
+    """True when the ELF file has no program interpreter (statically linked)."""
+    data = path.read_bytes()
+    if data[:4] != b"\x7fELF" or data[4] != 2:
+        return False
+    endian = "<" if data[5] == 1 else ">"
+    (phoff,) = struct.unpack_from(endian + "Q", data, 0x20)
+    phentsize, phnum = struct.unpack_from(endian + "HH", data, 0x36)
+    types = [struct.unpack_from(endian + "I", data, phoff + i * phentsize)[0] for i in range(phnum)]
+    return 3 not in types  # PT_INTERP
+
+
+def _busybox_tar(busybox: Path, applets: Sequence[str]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+
+        def add(name: str, kind: bytes, mode: int, data: bytes = b"", link: str = "") -> None:
+            member = tarfile.TarInfo(name)
+            member.type, member.mode, member.size, member.linkname = kind, mode, len(data), link
+            tar.addfile(member, io.BytesIO(data) if data else None)
+
+        for directory, mode in [("bin", 0o755), ("etc", 0o755), ("root", 0o700), ("tmp", 0o1777),
+                                ("proc", 0o755), ("sys", 0o755), ("dev", 0o755)]:  # fmt: skip
+            add(directory, tarfile.DIRTYPE, mode)
+        add("bin/busybox", tarfile.REGTYPE, 0o755, busybox.read_bytes())
+        for applet in applets:
+            if applet != "busybox" and "/" not in applet:
+                add(f"bin/{applet}", tarfile.SYMTYPE, 0o777, link="busybox")
+        add("etc/passwd", tarfile.REGTYPE, 0o644, b"root:x:0:0:root:/root:/bin/sh\n")
+        add("etc/group", tarfile.REGTYPE, 0o644, b"root:x:0:\n")
+    return buf.getvalue()
+
+
+async def ensure_busybox_image(
+    engine: DockerEngine,
+    *,
+    tag: str = BUSYBOX_IMAGE,
+    busybox: Path | None = None,
+    force: bool = False,
+) -> ImageInfo:
+    """Import a tiny image (static busybox + applet links) unless it exists; well under a second."""
+    async with _BuildLock(tag):
+        info = None if force else await _existing(engine, tag, "busybox")
+        if info is not None:
+            return info
+        found = busybox or Path(shutil.which("busybox") or "/bin/busybox")
+        if not found.is_file() or not _is_static_elf(found):
+            raise ImageError(
+                f"no statically linked busybox at {found} (apt-get install busybox-static)"
+            )
+        started = time.monotonic()
+        proc = await asyncio.create_subprocess_exec(
+            str(found), "--list", stdout=asyncio.subprocess.PIPE
+        )
+        listing, _ = await proc.communicate()
+        tar = _busybox_tar(found, listing.decode().split())
+        changes = ['CMD ["/bin/sh"]', f"ENV PATH={_PATH}", f"LABEL {IMAGE_LABEL}=busybox"]
+        image_id = await import_rootfs(engine, tar, tag, changes=changes)
+    return ImageInfo(id=image_id, tags=(tag,), built=True, seconds=time.monotonic() - started)
+
+
+async def _cli(command: str, force: bool) -> list[ImageInfo]:
+    async with DockerEngine() as engine:
+        built = []
+        if command in ("build-base", "build-all"):
+            built.append(await ensure_base_image(engine, force=force))
+        if command in ("build-busybox", "build-all"):
+            built.append(await ensure_busybox_image(engine, force=force))
+        return built
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m llenvs_async.docker.images``."""
+    parser = argparse.ArgumentParser(prog="python -m llenvs_async.docker.images")
+    parser.add_argument("command", choices=["build-base", "build-busybox", "build-all"])
+    parser.add_argument("--force", action="store_true", help="rebuild even if the image exists")
+    args = parser.parse_args(argv)
+    try:
+        images = asyncio.run(_cli(args.command, args.force))
+    except LlenvsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for info in images:
+        verb = f"built in {info.seconds:.1f}s" if info.built else "already present"
+        print(f"{', '.join(info.tags)} ({info.id[:19]}): {verb}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

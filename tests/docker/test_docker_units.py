@@ -1,0 +1,120 @@
+"""Engine-free units of the docker layer: capping, stream scanning, parsing, specs, shielding."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from llenvs_async.docker import CommandResult, ContainerSpec, extract_command, format_observation
+from llenvs_async.docker._shield import shielded
+from llenvs_async.docker.engine import split_image_ref
+from llenvs_async.docker.output import CappedOutput
+from llenvs_async.docker.ownership import OWNER_LABEL, Owner, current_owner, process_alive
+from llenvs_async.docker.shell import _DATA, _PS2, _SENTINEL, _Scanner
+
+
+def test_capped_output_keeps_head_and_tail() -> None:
+    out = CappedOutput(10)
+    for chunk in (b"abc", b"defghij", b"klmnopqrst", b"uvwxyz"):
+        out.feed(chunk)
+    assert out.total == 26 and out.truncated_bytes == 16
+    assert out.text() == "abcde\n[... 16 bytes of output truncated ...]\nvwxyz"
+    small = CappedOutput(10)
+    small.feed(b"0123456789")
+    assert (small.text(), small.truncated_bytes) == ("0123456789", 0)
+
+
+def test_capped_output_decodes_invalid_utf8_with_replacement() -> None:
+    out = CappedOutput(100)
+    out.feed("é".encode()[:1] + b"ok\xff")
+    assert out.text() == "\ufffdok\ufffd"
+
+
+def test_scanner_finds_markers_and_sentinels_split_across_chunks() -> None:
+    scanner = _Scanner(b"<PS2>", b"<END>")
+    stream = b"hello<PS2>wor<PS2>ld<END>7:0\ntail"
+    events: list[tuple[int, bytes]] = []
+    for i in range(len(stream)):  # one byte at a time: the worst split
+        events += scanner.feed(stream[i : i + 1])
+    data = b"".join(p for kind, p in events if kind == _DATA)
+    assert data == b"helloworldtail"
+    assert [kind for kind, _ in events if kind != _DATA] == [_PS2, _PS2, _SENTINEL]
+    assert [p for kind, p in events if kind == _SENTINEL] == [b"7:0"]
+    assert scanner.feed(b"x<P") == [(_DATA, b"x")]  # a possible marker start is held back
+    assert scanner.feed(b"S2>y") == [(_PS2, b""), (_DATA, b"y")]
+
+
+@pytest.mark.parametrize(
+    ("text", "command"),
+    [
+        ("ls -la", "ls -la"),
+        ("  SUBMIT \n", "SUBMIT"),
+        ("Let me look.\n```bash\ncd /tmp\nls\n```\nthen ```sh\nno\n```", "cd /tmp\nls"),
+        ("```\r\necho windows\r\n```", "echo windows"),
+        ("no fence here ``` at all", "no fence here ``` at all"),
+    ],
+)
+def test_extract_command(text: str, command: str) -> None:
+    assert extract_command(text) == command
+
+
+def test_format_observation() -> None:
+    assert format_observation(CommandResult(output="hi\n", exit_code=0)) == "hi"
+    assert format_observation(CommandResult(output="", exit_code=2)) == "[exit code: 2]"
+    slow = CommandResult(output="x", exit_code=130, timed_out=True, shell_restarted=True)
+    text = format_observation(slow, 5)
+    assert text.startswith("x\n[command timed out after 5s") and "shell was restarted" in text
+
+
+def test_container_spec_safe_config_and_validation() -> None:
+    config = ContainerSpec(image="img", env={"A": "1"}, labels={"x": "y"}).to_config({"o": "me"})
+    host = config["HostConfig"]
+    assert config["Entrypoint"] == ["sleep", "infinity"] and config["Env"] == ["A=1"]
+    assert config["Labels"] == {"x": "y", "o": "me"}
+    assert (host["NetworkMode"], host["Privileged"], host["Init"]) == ("none", False, True)
+    assert host["SecurityOpt"] == ["no-new-privileges:true"] and host["Binds"] == []
+    assert ContainerSpec(image="i", network_mode="bridge").to_config({})["NetworkDisabled"] is False
+    with pytest.raises(ValueError, match="pids_limit"):
+        ContainerSpec(image="i", pids_limit=0)
+    with pytest.raises(ValueError, match="ours"):
+        ContainerSpec(image="i", labels={OWNER_LABEL: "spoof"})
+    with pytest.raises(ValueError, match="image"):
+        ContainerSpec(image="")
+
+
+def test_owner_labels_round_trip_and_liveness() -> None:
+    me = current_owner()
+    parsed = Owner.from_labels({OWNER_LABEL: me.label, "llenvs.owner.start": me.start})
+    assert parsed == me and process_alive(me)
+    assert Owner.from_labels({OWNER_LABEL: "nohost"}) is None
+    assert not process_alive(Owner(host=me.host, pid=me.pid, start="1"))  # a reused pid
+
+
+def test_split_image_ref() -> None:
+    assert split_image_ref("llenvs/base:bookworm") == ("llenvs/base", "bookworm")
+    assert split_image_ref("busybox") == ("busybox", "latest")
+    assert split_image_ref("localhost:5000/img") == ("localhost:5000/img", "latest")
+
+
+async def test_shielded_finishes_cleanup_then_reraises_cancellation() -> None:
+    finished: list[str] = []
+    gate = asyncio.Event()
+
+    async def cleanup() -> str:
+        await gate.wait()
+        finished.append("done")
+        return "ok"
+
+    task = asyncio.create_task(shielded(cleanup(), within=10))
+    await asyncio.sleep(0)
+    task.cancel()
+    await asyncio.sleep(0)
+    assert not task.done()  # still waiting for the cleanup
+    gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert finished == ["done"]
+    assert await shielded(cleanup(), within=1) == "ok"
+    with pytest.raises(TimeoutError):
+        await shielded(asyncio.Event().wait(), within=0.01)
