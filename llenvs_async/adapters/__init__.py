@@ -1,0 +1,1 @@
+"""Adapters for external task formats (Harbor)."""

@@ -1,0 +1,70 @@
+"""Harbor tasks and datasets, HarborAdapter/HarborEnvironment, restore (replay or
+snapshot-fork) and replay checks."""
+
+from __future__ import annotations
+
+from .adapter import HarborAdapter, default_cache_dir
+from .dataset import HarborDataset, load_local_dataset
+from .environment import HarborEnvironment, HarborRuntime, format_observation, parse_command
+from .image import TaskImages
+from .registry import (
+    DEFAULT_REGISTRY_URL,
+    RegistryDataset,
+    RegistryTask,
+    TaskCache,
+    parse_registry,
+    split_dataset_spec,
+)
+from .replay import collect_probes, default_probes, validate_replay_consistency
+from .restore import harbor_restore
+from .snapshot import SnapshotRestore, SnapshotStats, snapshot_restore
+from .task import (
+    AgentConfig,
+    Author,
+    EnvironmentConfig,
+    HarborTask,
+    NetworkMode,
+    TaskConfig,
+    TaskInfo,
+    VerifierConfig,
+    load_task,
+    parse_task_config,
+)
+from .verifier import VerifierResult, parse_reward
+
+__all__ = [
+    "DEFAULT_REGISTRY_URL",
+    "AgentConfig",
+    "Author",
+    "EnvironmentConfig",
+    "HarborAdapter",
+    "HarborDataset",
+    "HarborEnvironment",
+    "HarborRuntime",
+    "HarborTask",
+    "NetworkMode",
+    "RegistryDataset",
+    "RegistryTask",
+    "SnapshotRestore",
+    "SnapshotStats",
+    "TaskCache",
+    "TaskConfig",
+    "TaskImages",
+    "TaskInfo",
+    "VerifierConfig",
+    "VerifierResult",
+    "collect_probes",
+    "default_cache_dir",
+    "default_probes",
+    "format_observation",
+    "harbor_restore",
+    "load_local_dataset",
+    "load_task",
+    "parse_command",
+    "parse_registry",
+    "parse_reward",
+    "parse_task_config",
+    "snapshot_restore",
+    "split_dataset_spec",
+    "validate_replay_consistency",
+]

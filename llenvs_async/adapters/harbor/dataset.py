@@ -1,0 +1,106 @@
+"""Harbor datasets: an ordered catalogue of tasks, and loading one from a local directory.
+
+Task order is stable and documented, because states record a task index:
+a local directory is sorted by task directory name; a registry dataset (see
+``registry.py``) keeps the registry's order. States also record the task name,
+so a restore can detect that an index now points at another task (index drift).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+from ...errors import TaskLoadError
+from .task import HarborTask, load_task, short_name
+
+__all__ = ["HarborDataset", "load_local_dataset"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HarborDataset:
+    """An ordered, immutable catalogue of loaded tasks (no empty lists, no duplicate names)."""
+
+    name: str
+    version: str | None
+    source: str
+    tasks: tuple[HarborTask, ...]
+    _by_name: Mapping[str, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.tasks:
+            raise TaskLoadError(
+                "holds no tasks (no sub-directory with a task.toml)", path=self.source
+            )
+        by_name: dict[str, int] = {}
+        for index, task in enumerate(self.tasks):
+            if task.name in by_name:
+                raise TaskLoadError(
+                    f"holds two tasks named {task.name!r} "
+                    f"(indices {by_name[task.name]} and {index})",
+                    path=self.source,
+                    field="name",
+                    value=task.name,
+                )
+            by_name[task.name] = index
+        object.__setattr__(self, "_by_name", MappingProxyType(by_name))
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    @property
+    def spec(self) -> str:
+        """``name@version`` for registry datasets, the directory name for local ones."""
+        return f"{self.name}@{self.version}" if self.version else self.name
+
+    def list_tasks(self) -> list[tuple[int, str]]:
+        """Every task as ``(index, name)``, in dataset order."""
+        return [(i, t.name) for i, t in enumerate(self.tasks)]
+
+    def index_of(self, name: str) -> int:
+        """The index of the task with this full name or (unambiguous) short name."""
+        if name in self._by_name:
+            return self._by_name[name]
+        matches = [i for i, t in enumerate(self.tasks) if t.short_name == short_name(name)]
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            names = [self.tasks[i].name for i in matches]
+            raise KeyError(f"task name {name!r} is ambiguous in {self.spec}: {names}")
+        raise KeyError(f"no task named {name!r} in {self.spec} ({len(self)} tasks)")
+
+    def resolve(self, task: int | str | None) -> tuple[int, HarborTask]:
+        """Look a task up by index or name; ``None`` is allowed for one-task datasets."""
+        if task is None:
+            if len(self.tasks) != 1:
+                raise ValueError(
+                    f"{self.spec} has {len(self)} tasks: reset() needs a task index or name"
+                )
+            return 0, self.tasks[0]
+        if isinstance(task, bool) or not isinstance(task, int | str):
+            raise TypeError(f"a task is an index or a name, got {type(task).__name__}")
+        if isinstance(task, int):
+            if not 0 <= task < len(self.tasks):
+                raise IndexError(f"task index {task} out of range: {self.spec} has {len(self)}")
+            return task, self.tasks[task]
+        index = self.index_of(task)
+        return index, self.tasks[index]
+
+
+def load_local_dataset(path: Path | str) -> HarborDataset:
+    """A task directory (one task) or a directory of task directories, sorted by name."""
+    root = Path(path).expanduser().resolve()
+    if not root.is_dir():
+        raise TaskLoadError("is not a directory of Harbor tasks", path=str(root))
+    if (root / "task.toml").is_file():
+        return HarborDataset(
+            name=root.name, version=None, source=str(root), tasks=(load_task(root),)
+        )
+    task_dirs = sorted(
+        (p for p in root.iterdir() if p.is_dir() and (p / "task.toml").is_file()),
+        key=lambda p: p.name,
+    )
+    tasks = tuple(load_task(p) for p in task_dirs)
+    return HarborDataset(name=root.name, version=None, source=str(root), tasks=tasks)

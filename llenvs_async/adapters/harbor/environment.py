@@ -1,0 +1,512 @@
+"""``HarborEnvironment``: one Harbor task episode in a container driven through a persistent shell.
+
+Rules: the initial observation holds the task's instruction; an action's command
+is the first fenced code block of its text, else the whole stripped text; the
+submit keyword (``SUBMIT``) ends the episode and runs the verifier; ``max_steps``
+truncates it (verified unless ``verify_on_truncation=False``); an observation is
+the command's output plus its exit code when non-zero; the reward is 0.0 except
+on the terminal step, which carries the verifier's reward.
+
+Time budget (``[agent].timeout_sec``): only command time counts (not the time the
+agent spends generating), each command's timeout is ``min(budget left, per-command
+cap)``, and running out truncates the episode with ``info["truncation_reason"]``
+= ``"agent_timeout"``. ``state.hidden`` is a JSON-serialisable dict: task name and
+index, dataset, budget total/used/left.
+
+Containers get the task's ``cpus`` and ``memory_mb``; ``storage_mb`` is not enforced
+(overlay2 quotas need xfs) and tasks asking for GPUs are refused. The verifier runs
+in its own exec (not the agent's shell), as Harbor does.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import tarfile
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from ...docker.container import Container, ContainerSpec
+from ...docker.engine import DockerEngine
+from ...docker.output import CommandResult
+from ...docker.shell import ShellSession
+from ...env import BaseEnvironment, new_episode_id
+from ...errors import (
+    ContainerError,
+    ContinuationPromptError,
+    EnvError,
+    RestoreError,
+    VerifierError,
+)
+from ...types import Action, Observation, State, StepResult
+from .dataset import HarborDataset
+from .image import TASK_IMAGE_LABEL, TaskImages
+from .task import HarborTask
+from .verifier import REWARD_JSON, REWARD_TXT, VERIFIER_LOG_DIR, VerifierResult, parse_reward
+
+__all__ = [
+    "DATASET_LABEL",
+    "HarborEnvironment",
+    "HarborRuntime",
+    "format_observation",
+    "parse_command",
+]
+
+DATASET_LABEL = "llenvs.harbor.dataset"
+_FENCE_RE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
+_ENV_VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_MIB = 1 << 20
+_VERIFIER_TAIL_CHARS = 4000
+
+
+def parse_command(text: str) -> str:
+    """The content of the first fenced code block in ``text``, else the whole stripped text."""
+    match = _FENCE_RE.search(text)
+    return (match.group(1) if match else text).strip()
+
+
+def format_observation(result: CommandResult, timeout: float) -> str:
+    """A command's output, with its exit code when non-zero and a note on timeouts."""
+    parts = [result.output.rstrip("\n")] if result.output.strip() else []
+    if result.continuation_prompt:
+        parts.append(
+            "[the shell was left waiting for more input (unterminated quote, heredoc or "
+            "block?); the command was discarded]"
+        )
+    elif result.timed_out:
+        parts.append(f"[command timed out after {timeout:g}s and was interrupted]")
+    elif result.exit_code not in (0, None):
+        parts.append(f"[exit code: {result.exit_code}]")
+    if result.shell_restarted:
+        parts.append("[the shell was restarted: working directory and variables were reset]")
+    return "\n".join(parts) or "(no output)"
+
+
+def _resolve_env(env: Mapping[str, str], task: HarborTask) -> dict[str, str]:
+    """Expand ``${VAR}`` / ``${VAR:-default}`` in task env values from the host environment."""
+
+    def expand(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        value = os.environ.get(name, default)
+        if value is None:
+            raise EnvError(
+                f"task {task.name!r} needs host environment variable {name} "
+                "(set it, or give a default as ${VAR:-default} in task.toml)"
+            )
+        return value
+
+    return {key: _ENV_VAR_RE.sub(expand, value) for key, value in env.items()}
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HarborRuntime:
+    """What every environment of one adapter shares: the image cache and the Docker settings."""
+
+    images: TaskImages
+    allow_network: bool = False
+    docker_url: str | None = None
+    engine: DockerEngine | None = None
+
+
+class HarborEnvironment(BaseEnvironment):
+    """A Harbor task as an ``Environment``; ``pure_step=False`` (the container is the state).
+
+    Cheap to create: the container starts in ``reset`` (by task index or name) and
+    ``aclose`` removes it. Use ``HarborAdapter.get_environment`` to make one.
+    """
+
+    pure_step = False
+
+    def __init__(
+        self,
+        runtime: HarborRuntime,
+        dataset: HarborDataset,
+        *,
+        max_steps: int | None = 30,
+        submit_keyword: str = "SUBMIT",
+        command_timeout_sec: float = 120.0,
+        verify_on_truncation: bool = True,
+        budget_sec: float | Literal["task"] | None = "task",
+    ) -> None:
+        super().__init__(max_steps=max_steps)
+        if not submit_keyword.strip():
+            raise ValueError("submit_keyword must be a non-empty word")
+        if not command_timeout_sec > 0:
+            raise ValueError(f"command_timeout_sec must be > 0, got {command_timeout_sec!r}")
+        if budget_sec != "task" and not (budget_sec is None or _positive(budget_sec)):
+            raise ValueError(
+                f"budget_sec is seconds > 0, None (unlimited) or 'task', got {budget_sec!r}"
+            )
+        self.runtime = runtime
+        self.dataset = dataset
+        self.submit_keyword = submit_keyword.strip()
+        self.command_timeout_sec = command_timeout_sec
+        self.verify_on_truncation = verify_on_truncation
+        self._budget_override = budget_sec
+        self._engine: DockerEngine | None = None
+        self._container: Container | None = None
+        self._shell: ShellSession | None = None
+        self._task: HarborTask | None = None
+        self._task_index = -1
+        self._workdir = "/"
+        self._budget_sec: float | None = None
+        self._used_sec = 0.0
+        self._replaying = False
+
+    # -- public helpers -------------------------------------------------------------------
+
+    @property
+    def task(self) -> HarborTask | None:
+        """The task of the current episode (``None`` before the first reset)."""
+        return self._task
+
+    @property
+    def task_index(self) -> int:
+        return self._task_index
+
+    @property
+    def workdir(self) -> str:
+        """The container's working directory (the shell starts there)."""
+        return self._workdir
+
+    @property
+    def container(self) -> Container | None:
+        return self._container
+
+    @property
+    def shell(self) -> ShellSession | None:
+        """The episode's persistent shell (``None`` before the first reset)."""
+        return self._shell
+
+    @property
+    def budget_left_sec(self) -> float | None:
+        """Seconds of command time left (``None``: no budget)."""
+        if self._budget_sec is None:
+            return None
+        return max(0.0, self._budget_sec - self._used_sec)
+
+    def list_tasks(self) -> list[tuple[int, str]]:
+        return self.dataset.list_tasks()
+
+    def is_submit(self, action: Action) -> bool:
+        return parse_command(action.text) == self.submit_keyword
+
+    @contextmanager
+    def replaying(self) -> Iterator[None]:
+        """Replay mode: no budget, no truncation, no verifier; a continuation prompt raises
+        ``ContinuationPromptError`` and a submit raises ``RestoreError``."""
+        self._replaying = True
+        try:
+            yield
+        finally:
+            self._replaying = False
+
+    def reanchor_budget(
+        self,
+        *,
+        used_sec: float,
+        budget_sec: float | None,
+        replay_sec: float = 0.0,
+        info: Mapping[str, Any] | None = None,
+    ) -> State:
+        """Set the budget to what a saved state had; returns the current state updated
+        (``info`` is merged into its ``info``)."""
+        current = self._current
+        if current is None:
+            raise EnvError("reanchor_budget() needs a reset environment")
+        self._budget_sec = budget_sec
+        self._used_sec = used_sec
+        state = replace(
+            current,
+            hidden=self._hidden(),
+            info={
+                **current.info,
+                "restored": True,
+                "replay_sec": round(replay_sec, 6),
+                **(info or {}),
+            },
+        )
+        self._current = state
+        return state
+
+    async def probe(self, command: str, *, timeout_sec: float | None = None) -> str:
+        """Run a read-only command in the episode's shell: no step, no budget, no verifier."""
+        self._ensure_open()
+        shell = self._require_shell()
+        limit = timeout_sec or self.command_timeout_sec
+        return format_observation(await shell.run(command, timeout=limit), limit)
+
+    async def verify(self) -> VerifierResult:
+        """Upload ``tests/`` to ``/tests``, run ``test.sh`` and read the reward (and a log tail)."""
+        container = self._require_container()
+        task = self._require_task()
+        cfg = task.config.verifier
+        setup = f"rm -rf /tests {VERIFIER_LOG_DIR} && mkdir -p -m 777 {VERIFIER_LOG_DIR}"
+        prepare = await container.exec(["/bin/sh", "-c", setup], timeout=60, user="0")
+        if prepare.exit_code != 0:
+            raise VerifierError(
+                f"could not prepare /tests and {VERIFIER_LOG_DIR}: {prepare.output.strip()}",
+                kind="setup",
+            )
+        await container.put_archive("/", _tests_tar(task))
+        run = await container.exec(
+            ["bash", "-c", f"bash /tests/test.sh > {VERIFIER_LOG_DIR}/test-stdout.txt 2>&1"],
+            timeout=cfg.timeout_sec,
+            env=_resolve_env(cfg.env, task),
+            workdir=self._workdir,
+            user=None if cfg.user is None else str(cfg.user),
+        )
+        log = await self._read_file(f"{VERIFIER_LOG_DIR}/test-stdout.txt") or ""
+        if run.timed_out:
+            raise VerifierError(
+                f"the verifier of {task.name!r} ran past timeout_sec={cfg.timeout_sec:g}s",
+                kind="timeout",
+                path="/tests/test.sh",
+            )
+        result = parse_reward(await self._read_file(REWARD_JSON), await self._read_file(REWARD_TXT))
+        return replace(result, exit_code=run.exit_code, output=log[-_VERIFIER_TAIL_CHARS:])
+
+    async def resume_from_image(self, image: str, state: State) -> State:
+        """Continue ``state`` in a new container started from ``image``, a commit of an episode
+        at ``state`` (the caller vouches for that); a new episode id, a fresh shell."""
+        self._ensure_open()
+        start = await self._start(state.task, seed=state.seed, image=image)
+        resumed = replace(state, episode_id=start.episode_id, hidden=self._hidden())
+        self._current = resumed
+        return resumed
+
+    # -- Environment template methods -------------------------------------------------------
+
+    async def _reset(self, task: int | str | None, *, seed: int | None) -> State:
+        return await self._start(task, seed=seed, image=None)
+
+    async def _start(self, task: int | str | None, *, seed: int | None, image: str | None) -> State:
+        """Start the task's container (from ``image`` if given, else the task image)."""
+        try:
+            index, harbor_task = self.dataset.resolve(task)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise EnvError(str(exc).strip("'\"")) from exc
+        env_cfg = harbor_task.config.environment
+        if env_cfg.gpus:
+            raise EnvError(f"task {harbor_task.name!r} needs {env_cfg.gpus} GPU(s); none offered")
+        await self._drop_container()
+        engine = await self._get_engine()
+        image = image or await self.runtime.images.ensure(engine, harbor_task)
+        network = self.runtime.allow_network and env_cfg.wants_network
+        agent_user = harbor_task.config.agent.user
+        spec = ContainerSpec(
+            image=image,
+            env=_resolve_env(env_cfg.env, harbor_task),
+            workdir=env_cfg.workdir,
+            user=None if agent_user is None else str(agent_user),
+            network_mode="bridge" if network else "none",
+            memory_bytes=env_cfg.memory_mb * _MIB,
+            cpus=env_cfg.cpus,
+            labels={TASK_IMAGE_LABEL: harbor_task.name, DATASET_LABEL: self.dataset.spec},
+        )
+        container = await Container.create(engine, spec)
+        self._container = container
+        self._shell = await container.shell()
+        details = await container.inspect()
+        self._workdir = env_cfg.workdir or (details.get("Config") or {}).get("WorkingDir") or "/"
+        self._task, self._task_index = harbor_task, index
+        override = self._budget_override
+        self._budget_sec = harbor_task.config.agent.timeout_sec if override == "task" else override
+        self._used_sec = 0.0
+        return State(
+            observation=Observation(
+                text=self._initial_text(harbor_task), data={"workdir": self._workdir}
+            ),
+            task=task,
+            step=0,
+            episode_id=new_episode_id(),
+            hidden=self._hidden(),
+            seed=seed,
+        )
+
+    async def _step(self, state: State, action: Action) -> StepResult:
+        command = parse_command(action.text)
+        step = state.step + 1
+        if command == self.submit_keyword:
+            if self._replaying:
+                raise RestoreError(f"the replayed prefix submits at step {step}", step=step)
+            verdict = await self.verify()
+            return self._result(
+                state, action, "Submitted; the task was verified.", reward=verdict.reward,
+                terminated=True, info={**verdict.info(), "submitted": True},
+            )  # fmt: skip
+        if not command:
+            text = (
+                f"(empty command: reply with a shell command, or {self.submit_keyword} when done)"
+            )
+            result = None
+        else:
+            result, timeout = await self._run(command)
+            if result.continuation_prompt and self._replaying:
+                raise ContinuationPromptError(
+                    f"replayed command at step {step} left the shell at a continuation prompt "
+                    f"(unterminated quote, heredoc or block): {command[:200]!r}",
+                    command=command,
+                    step=step,
+                )
+            text = format_observation(result, timeout)
+        info: dict[str, Any] = {}
+        if result is not None:
+            info = {"exit_code": result.exit_code, "timed_out": result.timed_out,
+                    "duration_sec": round(result.duration_s, 6)}  # fmt: skip
+        truncation = None if self._replaying else self._truncation(step)
+        if truncation is None:
+            return self._result(state, action, text, info=info)
+        info["truncation_reason"], info["truncation_message"] = truncation
+        if truncation[0] == "agent_timeout":
+            text += f"\n[{truncation[1]}]"
+        reward = 0.0
+        if self.verify_on_truncation:
+            verdict = await self.verify()
+            reward, info = verdict.reward, {**info, **verdict.info()}
+        return self._result(state, action, text, reward=reward, truncated=True, info=info)
+
+    async def _aclose(self) -> None:
+        try:
+            await self._drop_container()
+        finally:
+            engine, self._engine = self._engine, None
+            if engine is not None and self.runtime.engine is None:
+                await engine.aclose()
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _truncation(self, step: int) -> tuple[str, str] | None:
+        """``(reason, message)`` when the episode must stop after ``step``, else ``None``."""
+        if self._budget_sec is not None and self._used_sec >= self._budget_sec:
+            return (
+                "agent_timeout",
+                f"the trajectory time budget of {self._budget_sec:g}s is used up",
+            )
+        if self.max_steps is not None and step >= self.max_steps:
+            return "max_steps", f"max_steps={self.max_steps} reached"
+        return None
+
+    async def _run(self, command: str) -> tuple[CommandResult, float]:
+        """Run an agent command; outside a replay its time is charged to the budget."""
+        shell = self._require_shell()
+        timeout = self.command_timeout_sec
+        left = self.budget_left_sec
+        if not self._replaying and left is not None:
+            timeout = min(timeout, left)
+        started = time.monotonic()
+        result = await shell.run(command, timeout=timeout)
+        if not self._replaying and self._budget_sec is not None:
+            self._used_sec = min(self._budget_sec, self._used_sec + time.monotonic() - started)
+            if result.timed_out and left is not None and timeout >= left:
+                self._used_sec = self._budget_sec
+        return result, timeout
+
+    def _result(
+        self,
+        state: State,
+        action: Action,
+        text: str,
+        *,
+        reward: float = 0.0,
+        terminated: bool = False,
+        truncated: bool = False,
+        info: Mapping[str, Any],
+    ) -> StepResult:
+        next_state = State(
+            observation=Observation(text=text),
+            task=state.task,
+            step=state.step + 1,
+            episode_id=state.episode_id,
+            actions=(*state.actions, action),
+            terminated=terminated,
+            truncated=truncated,
+            hidden=self._hidden(),
+            info=dict(info),
+            seed=state.seed,
+        )
+        return StepResult(
+            next_state=next_state,
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
+            info=info,
+        )
+
+    def _hidden(self) -> dict[str, Any]:
+        task = self._require_task()
+        left = self.budget_left_sec
+        return {
+            "task_name": task.name,
+            "task_index": self._task_index,
+            "dataset": self.dataset.spec,
+            "budget_sec": self._budget_sec,
+            "budget_used_sec": round(self._used_sec, 6),
+            "budget_left_sec": None if left is None else round(left, 6),
+        }
+
+    def _initial_text(self, task: HarborTask) -> str:
+        return (
+            f"{task.instruction}\n\n"
+            f"You are in a bash shell inside a Linux container, in {self._workdir}. Reply with "
+            "one shell command per turn (plain text or a fenced code block); you will see its "
+            f"output. When the task is done, reply with {self.submit_keyword} alone."
+        )
+
+    async def _get_engine(self) -> DockerEngine:
+        if self.runtime.engine is not None:
+            return self.runtime.engine
+        if self._engine is None:
+            self._engine = await DockerEngine(self.runtime.docker_url).connect()
+        return self._engine
+
+    async def _drop_container(self) -> None:
+        container, self._container, self._shell = self._container, None, None
+        if container is not None:
+            await container.aclose()
+
+    async def _read_file(self, path: str) -> str | None:
+        try:
+            data = await self._require_container().get_file(path)
+        except ContainerError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return data.decode("utf-8", "replace")
+
+    def _require_container(self) -> Container:
+        if self._container is None:
+            raise EnvError("HarborEnvironment has no container: call reset() first")
+        return self._container
+
+    def _require_shell(self) -> ShellSession:
+        if self._shell is None:
+            raise EnvError("HarborEnvironment has no shell: call reset() first")
+        return self._shell
+
+    def _require_task(self) -> HarborTask:
+        if self._task is None:
+            raise EnvError("HarborEnvironment has no task: call reset() first")
+        return self._task
+
+
+def _tests_tar(task: HarborTask) -> bytes:
+    """The task's ``tests/`` directory as a tar rooted at ``tests/`` (owned by root)."""
+
+    def as_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = "root"
+        return info
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(task.tests_dir, arcname="tests", filter=as_root)
+    return buf.getvalue()

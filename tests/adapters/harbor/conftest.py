@@ -1,0 +1,118 @@
+"""Fixtures for the Harbor adapter tests: example tasks and local git registries."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from llenvs_async.adapters.harbor import HarborAdapter, HarborTask
+from llenvs_async.adapters.harbor.image import TASK_IMAGE_LABEL
+from llenvs_async.docker.engine import DockerEngine
+from llenvs_async.docker.images import ensure_base_image
+from llenvs_async.docker.ownership import OWNER_LABEL
+from llenvs_async.errors import DockerUnavailableError
+from llenvs_async.types import GenerationRequest
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "tasks"
+
+# version -> ordered (registry task name, example directory) pairs
+RegistrySpec = Mapping[str, Sequence[tuple[str, str]]]
+MakeRegistry = Callable[[RegistrySpec], Path]
+
+
+def _git(cwd: Path, *args: str) -> str:
+    out = subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return out.stdout.strip()
+
+
+@pytest.fixture
+def make_registry(tmp_path: Path) -> MakeRegistry:
+    """Build a git repository with one commit per dataset version and a ``registry.json``
+    pointing each version's tasks at that commit (over ``file://``).
+    """
+
+    def make(spec: RegistrySpec) -> Path:
+        repo = tmp_path / "tasks-repo"
+        repo.mkdir()
+        _git(repo, "init", "--quiet")
+        datasets = []
+        for version, tasks in spec.items():
+            shutil.rmtree(repo / "tasks", ignore_errors=True)
+            entries = []
+            for name, example in tasks:
+                shutil.copytree(EXAMPLES / example, repo / "tasks" / name)
+                entries.append({"name": name, "path": f"tasks/{name}"})
+            _git(repo, "add", "--all")
+            _git(repo, "commit", "--quiet", "--allow-empty", "-m", f"version {version}")
+            commit = _git(repo, "rev-parse", "HEAD")
+            datasets.append(
+                {
+                    "name": "examples",
+                    "version": version,
+                    "description": f"examples {version}",
+                    "tasks": [
+                        {**e, "git_url": repo.as_uri(), "git_commit_id": commit} for e in entries
+                    ],
+                }
+            )
+        registry = tmp_path / "registry.json"
+        registry.write_text(json.dumps(datasets, indent=2))
+        return registry
+
+    return make
+
+
+@pytest.fixture
+async def docker_engine() -> AsyncIterator[DockerEngine]:
+    """A connected engine with the Debian base image (built once if missing); without an
+    engine the test skips locally and FAILS in CI (``CI=true``). Afterwards no Harbor
+    container of this process may remain.
+    """
+    engine = DockerEngine()
+    try:
+        await engine.connect()
+    except DockerUnavailableError as exc:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI=true but no Docker engine answers: {exc}")
+        pytest.skip(f"no Docker engine: {exc}")
+    try:
+        await ensure_base_image(engine)  # tags debian:bookworm-slim, which the tasks build FROM
+        yield engine
+        assert await harbor_containers(engine) == [], "the test left Harbor containers behind"
+    finally:
+        await engine.aclose()
+
+
+async def harbor_containers(engine: DockerEngine) -> list[str]:
+    """Ids of this process's containers that run Harbor tasks."""
+    owner = engine.labels[OWNER_LABEL]
+    found = await engine.list_containers({OWNER_LABEL: owner, TASK_IMAGE_LABEL: None})
+    return [str(c["Id"]) for c in found]
+
+
+@pytest.fixture
+def adapter(tmp_path: Path, docker_engine: DockerEngine) -> HarborAdapter:
+    """An adapter with a private cache dir (the engine fixture guarantees Docker is up)."""
+    return HarborAdapter(cache_dir=tmp_path / "harbor-cache")
+
+
+def solution_policy(task: HarborTask) -> Callable[[GenerationRequest], str]:
+    """A scripted agent: the task's solution commands by step, then ``SUBMIT``."""
+    commands = task.solution_commands()
+
+    def policy(request: GenerationRequest) -> str:
+        return commands[request.step] if request.step < len(commands) else "SUBMIT"
+
+    return policy

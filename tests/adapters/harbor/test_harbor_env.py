@@ -1,0 +1,297 @@
+"""HarborEnvironment on a real Docker engine: the episode rules, rewards, limits and teardown."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from llenvs_async.adapters.harbor import HarborAdapter, HarborEnvironment, load_local_dataset
+from llenvs_async.docker.engine import DockerEngine
+from llenvs_async.errors import ClosedError, ImageError, StaleStateError, VerifierError
+from llenvs_async.types import Action, State
+
+from .conftest import EXAMPLES, harbor_containers
+
+pytestmark = pytest.mark.docker
+
+EXAMPLE_TASKS = load_local_dataset(EXAMPLES).list_tasks()
+
+
+async def play(env: HarborEnvironment, state: State, *commands: str) -> State:
+    for command in commands:
+        state = (await env.step(state, Action(text=command))).next_state
+    return state
+
+
+@pytest.mark.parametrize(("index", "name"), EXAMPLE_TASKS, ids=[n for _, n in EXAMPLE_TASKS])
+async def test_solution_scores_one_and_immediate_submit_scores_zero(
+    adapter: HarborAdapter, index: int, name: str
+) -> None:
+    async with await adapter.get_environment(EXAMPLES) as env:
+        task = env.dataset.tasks[index]
+        state = await env.reset(index)
+        state = await play(env, state, *task.solution_commands())
+        assert not state.done
+        solved = await env.step(state, Action(text="SUBMIT"))
+        assert (solved.reward, solved.terminated, solved.truncated) == (1.0, True, False)
+        assert "PASS" in solved.info["verifier_output"]
+
+        fresh = await env.reset(name)  # by name this time: a new container
+        assert fresh.hidden["task_index"] == index
+        failed = await env.step(fresh, Action(text="SUBMIT"))
+        assert (failed.reward, failed.terminated) == (0.0, True)
+        assert "FAIL" in failed.info["verifier_output"]
+
+
+async def test_episode_rules(adapter: HarborAdapter) -> None:
+    async with await adapter.get_environment(EXAMPLES, max_steps=10) as env:
+        state = await env.reset("organize-files")
+        task = env.dataset.tasks[env.task_index]
+        assert task.instruction in state.observation.text
+        assert "SUBMIT" in state.observation.text
+        assert state.task == "organize-files"
+        assert state.hidden["task_name"] == "llenvs-examples/organize-files"
+        assert json.loads(json.dumps(state.hidden)) == state.hidden
+
+        # The first fenced code block is the command; prose around it is ignored.
+        text = "I will look first.\n```bash\nls inbox | sort\n```\nthen\n```\nrm -rf /app\n```"
+        step = await env.step(state, Action(text=text))
+        assert step.next_state.observation.text.splitlines()[:2] == ["README.md", "cache1.tmp"]
+        assert step.reward == 0.0 and not step.next_state.done
+
+        # Shell state persists; a failing command shows its exit code.
+        state = await play(env, step.next_state, "cd inbox", "export GREETING=hi")
+        failing = await env.step(state, Action(text="  cat missing.txt; echo $GREETING  "))
+        out = failing.next_state.observation.text
+        assert "No such file" in out and "hi" in out and "[exit code: " not in out
+        failing = await env.step(failing.next_state, Action(text="cat missing.txt"))
+        assert failing.next_state.observation.text.endswith("[exit code: 1]")
+        assert failing.info["exit_code"] == 1
+
+        # A stale state is refused; the step count and actions are the state's provenance.
+        with pytest.raises(StaleStateError):
+            await env.step(state, Action(text="pwd"))
+        assert failing.next_state.step == 5
+        assert [a.text for a in failing.next_state.actions][-1] == "cat missing.txt"
+
+
+async def test_continuation_prompt_in_a_live_episode_is_reported_and_recovered(
+    adapter: HarborAdapter,
+) -> None:
+    async with await adapter.get_environment(EXAMPLES) as env:
+        state = await env.reset("csv-totals")
+        broken = await env.step(state, Action(text='echo "unterminated'))
+        assert "waiting for more input" in broken.next_state.observation.text
+        after = await env.step(broken.next_state, Action(text="echo still-alive"))
+        assert after.next_state.observation.text == "still-alive"
+
+
+@pytest.mark.parametrize(("verify", "reward"), [(True, 1.0), (False, 0.0)])
+async def test_max_steps_truncates_and_verifies_unless_disabled(
+    adapter: HarborAdapter, verify: bool, reward: float
+) -> None:
+    async with await adapter.get_environment(
+        EXAMPLES, max_steps=1, verify_on_truncation=verify
+    ) as env:
+        state = await env.reset("json-config")
+        first = env.dataset.tasks[env.task_index].solution_commands()[0]  # alone solves it
+        result = await env.step(state, Action(text=first))
+        assert (result.truncated, result.terminated) == (True, False)
+        assert result.info["truncation_reason"] == "max_steps"
+        assert result.info["truncation_message"] == "max_steps=1 reached"
+        assert result.reward == reward
+        assert ("rewards" in result.info) is verify
+        if verify:
+            assert result.info["rewards"] == {"reward": 1.0, "keys_ok": 1.0}
+
+
+async def test_container_limits_network_and_teardown(
+    adapter: HarborAdapter, docker_engine: DockerEngine
+) -> None:
+    env = await adapter.get_environment(EXAMPLES)
+    assert env.container is None and await harbor_containers(docker_engine) == []  # cheap
+    async with env:
+        await env.reset("build-release")
+        assert env.container is not None
+        info = await env.container.inspect()
+        host = info["HostConfig"]
+        assert host["NetworkMode"] == "none"
+        assert host["Memory"] == 512 * 2**20
+        assert host["NanoCpus"] == 10**9
+        assert info["Config"]["Labels"]["llenvs.harbor.task"] == "llenvs-examples/build-release"
+        first_id = env.container.id
+        await env.reset("csv-totals")  # a re-reset replaces the container
+        assert await harbor_containers(docker_engine) == [env.container.id]
+        assert env.container.id != first_id
+    assert await harbor_containers(docker_engine) == []
+    await env.aclose()  # idempotent
+    with pytest.raises(ClosedError):
+        await env.reset(0)
+
+
+async def test_image_is_built_once_for_concurrent_resets(
+    tmp_path: Path, docker_engine: DockerEngine
+) -> None:
+    task = tmp_path / "tasks" / "unique"
+    shutil.copytree(EXAMPLES / "log-errors", task)
+    (task / "environment" / "marker.txt").write_text(str(tmp_path))  # content never seen before
+    adapter = HarborAdapter(cache_dir=tmp_path / "cache")
+    envs = [await adapter.get_environment(tmp_path / "tasks") for _ in range(3)]
+    tags: set[str] = set()
+    try:
+        async with asyncio.TaskGroup() as tg:
+            for env in envs:
+                tg.create_task(env.reset(0))
+        tags = {env.container.spec.image for env in envs if env.container is not None}
+        assert len(tags) == 1
+        assert adapter.images.builds == 1
+        (tag,) = tags
+        assert tag.startswith("llenvs-harbor/unique:")  # legacy task: the directory name
+        again = HarborAdapter(cache_dir=tmp_path / "cache")  # a new process would do this
+        async with await again.get_environment(tmp_path / "tasks") as env:
+            await env.reset(0)
+            assert env.container is not None and env.container.spec.image == tag
+        assert again.images.builds == 0  # same content, same tag: reused
+    finally:
+        for env in envs:
+            await env.aclose()
+        for tag in tags:
+            await docker_engine.client.images.delete(tag, force=True)
+
+
+@pytest.mark.parametrize(
+    ("script", "kind"),
+    [
+        ("true", "missing"),
+        (": > /logs/verifier/reward.txt", "empty"),
+        ("echo great > /logs/verifier/reward.txt", "non-numeric"),
+        ("echo inf > /logs/verifier/reward.txt", "non-finite"),
+        ("echo '{\"reward\": NaN}' > /logs/verifier/reward.json", "non-finite"),
+    ],
+)
+async def test_bad_reward_files_raise_distinct_verifier_errors(
+    tmp_path: Path, docker_engine: DockerEngine, script: str, kind: str
+) -> None:
+    task = tmp_path / "tasks" / "bad-verifier"
+    shutil.copytree(EXAMPLES / "csv-totals", task)
+    (task / "tests" / "test.sh").write_text(f"#!/bin/bash\n{script}\n")
+    adapter = HarborAdapter(cache_dir=tmp_path / "cache")
+    async with await adapter.get_environment(tmp_path / "tasks") as env:
+        state = await env.reset(0)
+        with pytest.raises(VerifierError) as info:
+            await env.step(state, Action(text="SUBMIT"))
+        assert info.value.kind == kind
+
+
+async def test_verifier_timeout_is_a_verifier_error(
+    tmp_path: Path, docker_engine: DockerEngine
+) -> None:
+    task = tmp_path / "tasks" / "slow-verifier"
+    shutil.copytree(EXAMPLES / "csv-totals", task)
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\nsleep 30\n")
+    toml = (task / "task.toml").read_text().replace("timeout_sec = 60.0", "timeout_sec = 1.0")
+    (task / "task.toml").write_text(toml)
+    adapter = HarborAdapter(cache_dir=tmp_path / "cache")
+    async with await adapter.get_environment(tmp_path / "tasks") as env:
+        state = await env.reset(0)
+        with pytest.raises(VerifierError) as info:
+            await env.step(state, Action(text="SUBMIT"))
+        assert info.value.kind == "timeout"
+
+
+TB_STYLE_TOML = """
+version = "1.0"
+
+[metadata]
+difficulty = "easy"
+category = "system-administration"
+
+[verifier]
+timeout_sec = 900.0
+
+[agent]
+timeout_sec = 900.0
+
+[environment]
+build_timeout_sec = 600.0
+docker_image = "ghcr.io/example/terminal-bench/hello-world:2.0"
+cpus = 1
+memory_mb = 2048
+storage_mb = 10240
+allow_internet = true
+"""
+
+
+async def test_prebuilt_image_task_runs_through_an_alias_without_network(
+    tmp_path: Path, docker_engine: DockerEngine
+) -> None:
+    task = tmp_path / "tb" / "hello-world"
+    (task / "tests").mkdir(parents=True)
+    (task / "task.toml").write_text(TB_STYLE_TOML)
+    (task / "instruction.md").write_text("Create /hello.txt containing 'Hello, world!'.\n")
+    (task / "tests" / "test.sh").write_text(
+        "#!/bin/bash\n"
+        'if [ "$(cat /hello.txt)" = "Hello, world!" ]; then echo 1; else echo 0; fi'
+        " > /logs/verifier/reward.txt\n"
+    )
+    image = "ghcr.io/example/terminal-bench/hello-world:2.0"
+    plain = HarborAdapter(cache_dir=tmp_path / "cache")
+    async with await plain.get_environment(tmp_path / "tb") as env:
+        with pytest.raises(ImageError, match="not present locally"):
+            await env.reset(0)
+        assert env.container is None
+
+    aliased = HarborAdapter(
+        cache_dir=tmp_path / "cache", base_image_aliases={image: "llenvs/base:bookworm"}
+    )
+    async with await aliased.get_environment(tmp_path / "tb") as env:
+        state = await env.reset("hello-world")
+        assert env.container is not None
+        host = (await env.container.inspect())["HostConfig"]
+        assert host["NetworkMode"] == "none"  # the task asks for internet; the adapter says no
+        assert env.workdir == "/"
+        state = (await env.step(state, Action(text="echo 'Hello, world!' > /hello.txt"))).next_state
+        assert (await env.step(state, Action(text="SUBMIT"))).reward == 1.0
+
+
+async def test_dockerfile_base_images_are_rewritten_through_aliases(
+    tmp_path: Path, docker_engine: DockerEngine
+) -> None:
+    task = tmp_path / "tasks" / "py-base"
+    shutil.copytree(EXAMPLES / "csv-totals", task)
+    dockerfile = task / "environment" / "Dockerfile"
+    dockerfile.write_text(
+        dockerfile.read_text().replace("debian:bookworm-slim", "python:3.12-slim")
+    )
+    adapter = HarborAdapter(
+        cache_dir=tmp_path / "cache",
+        base_image_aliases={"python:3.12-slim": "debian:bookworm-slim"},
+    )
+    async with await adapter.get_environment(tmp_path / "tasks") as env:
+        state = await env.reset(0)
+        result = await env.step(state, Action(text="head -1 sales.csv"))
+        assert result.next_state.observation.text == "region,product,amount"
+
+
+async def test_build_timeout_is_an_image_error(tmp_path: Path, docker_engine: DockerEngine) -> None:
+    task = tmp_path / "tasks" / "slow-build"
+    shutil.copytree(EXAMPLES / "csv-totals", task)
+    (task / "environment" / "Dockerfile").write_text(
+        f"FROM debian:bookworm-slim\nRUN sleep 20 # {tmp_path}\n"  # unique: never cached
+    )
+    toml = (task / "task.toml").read_text()
+    (task / "task.toml").write_text(
+        toml.replace("build_timeout_sec = 120.0", "build_timeout_sec = 1")
+    )
+    adapter = HarborAdapter(cache_dir=tmp_path / "cache")
+    async with await adapter.get_environment(tmp_path / "tasks") as env:
+        started = time.monotonic()
+        with pytest.raises(ImageError, match="build_timeout_sec=1s"):
+            await env.reset(0)
+        assert time.monotonic() - started < 10
+        assert env.container is None
