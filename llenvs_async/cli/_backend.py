@@ -1,0 +1,96 @@
+"""Backend flags shared by ``run`` and ``q-values``: scripted oracle, OpenAI-compatible, vLLM."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from enum import StrEnum
+
+import anyio
+
+from ..backends.base import Backend
+from ..backends.scripted import ScriptedBackend
+from ..policies import history_prompt
+from ..runner import TrajectoryRunner
+from ..types import SamplingParams
+from ._common import CliError
+from ._sources import Source
+
+__all__ = ["BackendKind", "BackendOptions", "build_backend", "open_runner"]
+
+
+class BackendKind(StrEnum):
+    scripted = "scripted"
+    openai = "openai"
+    vllm = "vllm"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BackendOptions:
+    kind: BackendKind
+    model: str | None
+    base_url: str | None
+    epsilon: float
+    seed: int
+    temperature: float
+    max_tokens: int
+
+    def check(self) -> None:
+        """Validate flag combinations before anything is started."""
+        if not 0.0 <= self.epsilon <= 1.0:
+            raise CliError(f"--epsilon must be in [0, 1], got {self.epsilon}")
+        if self.kind is BackendKind.openai and not (self.model and self.base_url):
+            raise CliError("--backend openai needs --model and --base-url")
+        if self.kind is BackendKind.vllm and not self.model:
+            raise CliError("--backend vllm needs --model")
+        if self.temperature < 0 or self.max_tokens < 1:
+            raise CliError("--temperature must be >= 0 and --max-tokens >= 1")
+
+    @property
+    def sampling_params(self) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature, max_tokens=self.max_tokens, seed=self.seed
+        )
+
+
+def build_backend(options: BackendOptions, source: Source) -> Backend:
+    """The backend the flags ask for; the scripted one is the source's epsilon-oracle."""
+    if options.kind is BackendKind.scripted:
+        return ScriptedBackend(source.oracle(options.epsilon, options.seed))
+    assert options.model is not None
+    if options.kind is BackendKind.openai:
+        from ..backends.openai import OpenAIBackend
+
+        assert options.base_url is not None
+        return OpenAIBackend(
+            options.base_url, options.model, api_key=os.environ.get("OPENAI_API_KEY")
+        )
+    try:
+        from ..backends.vllm import VLLMBackend
+
+        return VLLMBackend(model=options.model)
+    except ImportError as exc:
+        raise CliError(
+            f"--backend vllm needs vLLM (pip install 'llenvs-async[vllm]'): {exc}", code=1
+        ) from None
+
+
+@contextlib.asynccontextmanager
+async def open_runner(source: Source, options: BackendOptions) -> AsyncIterator[TrajectoryRunner]:
+    """A runner over ``source`` with the flags' backend; the backend is closed on exit."""
+    backend = build_backend(options, source)
+    scripted = options.kind is BackendKind.scripted
+    prompt = history_prompt(
+        instruction=source.instruction, system_prompt=None if scripted else source.system_prompt
+    )
+    try:
+        yield TrajectoryRunner(
+            source.environment, backend, options.sampling_params,
+            env_factory=source.env_factory, restore_fn=source.restore_fn,
+            max_steps=source.spec.max_steps, prompt_builder=prompt,
+        )  # fmt: skip
+    finally:
+        with anyio.CancelScope(shield=True):
+            await backend.aclose()

@@ -1,0 +1,33 @@
+"""What every command shares: consoles, one-line errors, and the single ``anyio.run``."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import anyio
+from rich.console import Console
+
+__all__ = ["CliError", "console", "err_console", "run_async"]
+
+T = TypeVar("T")
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+class CliError(Exception):
+    """A user-facing failure: printed as one line on stderr, exit status ``code``."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def run_async(fn: Callable[[], Awaitable[T]]) -> T:
+    """Run a command's async body: the command's one and only event loop."""
+
+    async def body() -> T:
+        return await fn()
+
+    return anyio.run(body)

@@ -1,0 +1,78 @@
+"""Harbor datasets as CLI sources: adapter, factory, ``harbor_restore`` and the solution oracle."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from ..adapters.harbor import HarborAdapter, HarborDataset, HarborTask, harbor_restore
+from ..docker.engine import DockerEngine
+from ..env import Environment
+from ..policies import OraclePolicy, harbor_oracle
+from ..types import State
+from ._sources import Source, SourceSpec, TaskRef
+
+__all__ = [
+    "DEFAULT_MAX_STEPS",
+    "SYSTEM_PROMPT",
+    "describe",
+    "open_harbor",
+    "solution_lookup",
+]
+
+DEFAULT_MAX_STEPS = 30
+SYSTEM_PROMPT = (
+    "You are an agent working in a Linux shell to complete the task you are given. "
+    "Each reply is ONE shell command in a ```bash fenced block; you will see its output. "
+    "When the task is complete, reply with the single word SUBMIT."
+)
+
+
+def solution_lookup(dataset: HarborDataset) -> Callable[[int | str | None], Sequence[str]]:
+    """``task -> solution commands`` (solution/solve.sh, one command per line), cached."""
+    cache: dict[int | str | None, Sequence[str]] = {}
+
+    def lookup(task: int | str | None) -> Sequence[str]:
+        if task not in cache:
+            cache[task] = dataset.resolve(task)[1].solution_commands()
+        return cache[task]
+
+    return lookup
+
+
+def describe(task: HarborTask) -> str:
+    """The task's one-line description, else its instruction's first line."""
+    info = task.config.task
+    if info is not None and info.description:
+        return info.description
+    return next((line for line in task.instruction.splitlines() if line.strip()), "")
+
+
+async def open_harbor(spec: SourceSpec) -> Source:
+    """A Harbor source: one fresh container-backed instance per rollout, tasks keyed by name."""
+    assert spec.dataset is not None
+    adapter = HarborAdapter()
+    dataset = await adapter.get_dataset(spec.dataset)
+    max_steps = spec.max_steps or DEFAULT_MAX_STEPS
+
+    async def factory() -> Environment:
+        return await adapter.get_environment(spec.dataset or "", max_steps=max_steps)
+
+    solutions = solution_lookup(dataset)
+
+    def oracle(epsilon: float, seed: int) -> OraclePolicy:
+        return harbor_oracle(solutions, epsilon=epsilon, seed=seed)
+
+    tasks = [TaskRef(key=t.name, task=t.name, description=describe(t)) for t in dataset.tasks]
+
+    def instruction(state: State) -> str:
+        return dataset.resolve(state.task)[1].instruction
+
+    async def preflight() -> None:
+        async with DockerEngine() as engine:
+            await engine.connect()
+
+    return Source(
+        spec=spec, environment=await factory(), env_factory=factory, restore_fn=harbor_restore,
+        tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT, instruction=instruction,
+        preflight=preflight,
+    )  # fmt: skip

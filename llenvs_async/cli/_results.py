@@ -1,0 +1,107 @@
+"""Results files written by ``run``: one record per trajectory, keyed by (task, rollout)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.table import Table
+
+from ..serialization import SerializationError, from_dict, read_jsonl
+from ..types import Trajectory
+from ._common import CliError
+from ._sources import SourceSpec
+
+__all__ = ["ResultRecord", "load_results", "record_fields", "summary_table", "unique_by_key"]
+
+Key = tuple[int | str, int]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResultRecord:
+    task: int | str
+    rollout: int
+    source: SourceSpec
+    trajectory: Trajectory
+
+    @property
+    def key(self) -> Key:
+        return (self.task, self.rollout)
+
+
+def record_fields(task: int | str, rollout: int, source: SourceSpec) -> dict[str, object]:
+    """The fields ``run`` stores next to each trajectory."""
+    return {"key": {"task": task, "rollout": rollout}, "source": source.to_json()}
+
+
+def load_results(path: Path) -> list[ResultRecord]:
+    """Every record of a results file (a truncated last line is ignored)."""
+    if not path.is_file():
+        raise CliError(f"results file {str(path)!r} does not exist")
+    try:
+        raw = read_jsonl(path)
+        out = []
+        for number, record in enumerate(raw, start=1):
+            where = f"{path}: record {number}"
+            key = record.get("key")
+            if not isinstance(key, dict) or not isinstance(key.get("rollout"), int):
+                raise CliError(f"{where}: no 'key' with task and rollout (not a results file?)")
+            task = key.get("task")
+            if not isinstance(task, int | str):
+                raise CliError(f"{where}: key.task must be an int or a string, got {task!r}")
+            out.append(
+                ResultRecord(
+                    task=task,
+                    rollout=key["rollout"],
+                    source=SourceSpec.from_json(record.get("source"), where),
+                    trajectory=from_dict(Trajectory, record.get("trajectory") or {}),
+                )
+            )
+    except SerializationError as exc:
+        raise CliError(f"{path}: {exc}", code=1) from None
+    return out
+
+
+def unique_by_key(records: Iterable[ResultRecord]) -> list[ResultRecord]:
+    """One record per (task, rollout): the last one written wins (retries append)."""
+    latest: dict[Key, ResultRecord] = {}
+    for record in records:
+        latest.pop(record.key, None)
+        latest[record.key] = record
+    return list(latest.values())
+
+
+def summary_table(records: Sequence[ResultRecord], title: str) -> Table:
+    """Per-task rollouts, success rate, mean return, mean steps and errors, plus a total row."""
+    table = Table(title=title)
+    for column in ("task", "rollouts", "success", "mean return", "mean steps", "errors"):
+        table.add_column(column, justify="left" if column == "task" else "right")
+    groups: dict[int | str, list[Trajectory]] = {}
+    for record in records:
+        groups.setdefault(record.task, []).append(record.trajectory)
+    everything = [t for ts in groups.values() for t in ts]
+    rows = sorted(groups.items(), key=lambda item: (isinstance(item[0], str), _short(item[0])))
+    for name, trajs in [*rows, ("total", everything)]:
+        if name == "total":
+            table.add_section()
+        n = len(trajs)
+        table.add_row(
+            str(_short(name)),
+            str(n),
+            f"{sum(t.success for t in trajs) / n:.0%}" if n else "-",
+            _mean(t.total_reward for t in trajs),
+            _mean(float(len(t)) for t in trajs),
+            str(sum(t.error is not None for t in trajs)),
+        )
+    return table
+
+
+def _short(key: int | str) -> int | str:
+    return key.rsplit("/", 1)[-1] if isinstance(key, str) else key
+
+
+def _mean(values: Iterable[float]) -> str:
+    items = list(values)
+    return f"{math.fsum(items) / len(items):.2f}" if items else "-"

@@ -1,0 +1,57 @@
+"""``llenvs-async images build-base`` and ``llenvs-async cleanup`` (the Docker layer's tools)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from ._common import console, run_async
+
+__all__ = ["cleanup", "images_app"]
+
+images_app = typer.Typer(help="Local images (no registry needed).", no_args_is_help=True)
+
+
+@images_app.command("build-base")
+def build_base(
+    force: Annotated[bool, typer.Option("--force", help="Rebuild even if it exists.")] = False,
+) -> None:
+    """Build the Debian base image so `FROM debian:bookworm-slim` builds offline."""
+    from ..docker.engine import DockerEngine
+    from ..docker.images import ensure_base_image
+
+    async def body() -> tuple[tuple[str, ...], str, bool, float]:
+        async with DockerEngine() as engine:
+            info = await ensure_base_image(engine, force=force)
+        return info.tags, info.id, info.built, info.seconds
+
+    tags, image_id, built, seconds = run_async(body)
+    verb = f"built in {seconds:.1f}s" if built else "already present"
+    console.print(f"{', '.join(tags)} ({image_id[:19]}): {verb}", markup=False)
+
+
+def cleanup() -> None:
+    """Remove containers and snapshot images left behind by llenvs processes that are gone."""
+    from ..docker.engine import DockerEngine
+    from ..docker.reaper import ReapedContainer, reap_orphans
+    from ..docker.snapshots import ReapedImage, reap_orphan_snapshots
+
+    async def body() -> tuple[list[ReapedContainer], list[ReapedImage]]:
+        async with DockerEngine() as engine:
+            containers = await reap_orphans(engine)  # first: a used image cannot be removed
+            return containers, await reap_orphan_snapshots(engine)
+
+    removed, images = run_async(body)
+    if not removed:
+        console.print("no orphaned containers")
+    else:
+        table = Table(title=f"removed {len(removed)} orphaned containers")
+        for column in ("id", "name", "image", "owner", "session"):
+            table.add_column(column)
+        for c in removed:
+            table.add_row(c.id[:12], c.name, c.image, c.owner, c.session)
+        console.print(table)
+    if images:
+        console.print(f"removed {len(images)} orphaned snapshot image(s)")

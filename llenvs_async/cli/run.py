@@ -1,0 +1,218 @@
+"""``llenvs-async run``: collect trajectories into a JSONL file, streamed, resumable."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import anyio
+import typer
+
+from ..env import EnvFactory, Environment
+from ..errors import DockerUnavailableError
+from ..serialization import JsonlWriter
+from ..types import ErrorInfo, Observation, State, Trajectory
+from . import _options as opt
+from ._backend import BackendKind, BackendOptions, open_runner
+from ._common import CliError, console, err_console, run_async
+from ._progress import RolloutProgress
+from ._results import load_results, record_fields, summary_table, unique_by_key
+from ._sources import Source, SourceSpec, TaskRef, open_source, select_tasks
+
+__all__ = ["run"]
+
+# Not a task failure: a bug, or no Docker engine at all. These abort the command.
+_FATAL = (TypeError, AttributeError, AssertionError, NameError, DockerUnavailableError)
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    ref: TaskRef
+    rollout: int
+
+
+def run(
+    dataset: opt.DatasetArg = None,
+    env: opt.EnvOpt = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Results JSONL file.")] = Path(
+        "results.jsonl"
+    ),
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Skip (task, rollout) pairs already in --out.")
+    ] = False,
+    retry_failed: Annotated[
+        bool, typer.Option("--retry-failed", help="With --resume: rerun rollouts that failed.")
+    ] = False,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --out.")] = False,
+    tasks: Annotated[
+        list[str] | None, typer.Option("--task", "-t", help="Task key/name/index (repeatable).")
+    ] = None,
+    limit: Annotated[int | None, typer.Option("--limit", help="Only the first N tasks.")] = None,
+    rollouts: Annotated[int, typer.Option("--rollouts", "-n", help="Rollouts per task.")] = 1,
+    n_concurrent: opt.NConcurrentOpt = 4,
+    max_steps: opt.MaxStepsOpt = None,
+    backend: opt.BackendOpt = BackendKind.scripted,
+    model: opt.ModelOpt = None,
+    base_url: opt.BaseUrlOpt = None,
+    epsilon: opt.EpsilonOpt = 0.0,
+    seed: opt.SeedOpt = 0,
+    temperature: opt.TemperatureOpt = 1.0,
+    max_tokens: opt.MaxTokensOpt = 512,
+    quiet: opt.QuietOpt = False,
+) -> None:
+    """Collect trajectories over a Harbor dataset or a built-in env; one JSONL line each."""
+    spec = SourceSpec.from_flags(dataset, env, max_steps)
+    options = opt.backend_options(backend, model, base_url, epsilon, seed, temperature, max_tokens)
+    if rollouts < 1 or n_concurrent < 1:
+        raise CliError("--rollouts and --n-concurrent must be >= 1")
+    skip = _existing_keys(out, spec, resume=resume, retry_failed=retry_failed, force=force)
+    written = 0
+    try:
+        written = run_async(
+            lambda: _collect(
+                spec, options, out, skip, tasks or [], limit, rollouts, n_concurrent, quiet
+            )
+        )
+    except KeyboardInterrupt:
+        records = unique_by_key(load_results(out)) if out.exists() else []
+        console.print(summary_table(records, f"{out} (interrupted)"))
+        err_console.print(
+            f"interrupted: {len(records)} trajectories saved in {out}; continue with --resume"
+        )
+        raise typer.Exit(130) from None
+    records = unique_by_key(load_results(out))
+    console.print(summary_table(records, str(out)))
+    console.print(f"wrote {written} trajectories to {out} ({len(records)} in the file)")
+
+
+def _existing_keys(
+    out: Path, spec: SourceSpec, *, resume: bool, retry_failed: bool, force: bool
+) -> set[tuple[int | str, int]]:
+    if resume and force:
+        raise CliError("--resume and --force contradict each other")
+    if retry_failed and not resume:
+        raise CliError("--retry-failed only makes sense with --resume")
+    if not out.parent.is_dir():
+        raise CliError(f"--out {str(out)!r}: directory {str(out.parent)!r} does not exist")
+    if out.is_dir():
+        raise CliError(f"--out {str(out)!r} is a directory")
+    if not out.exists() or out.stat().st_size == 0:
+        return set()
+    if force:
+        out.unlink()
+        return set()
+    if not resume:
+        raise CliError(
+            f"{out} already exists: pass --resume to continue it or --force to replace it"
+        )
+    records = unique_by_key(load_results(out))
+    for record in records:
+        if record.source != spec:
+            raise CliError(f"{out} was written for {record.source.label}, not {spec.label}")
+    return {r.key for r in records if not (retry_failed and r.trajectory.error is not None)}
+
+
+async def _collect(
+    spec: SourceSpec,
+    options: BackendOptions,
+    out: Path,
+    skip: set[tuple[int | str, int]],
+    selectors: list[str],
+    limit: int | None,
+    rollouts: int,
+    n_concurrent: int,
+    quiet: bool,
+) -> int:
+    async with open_source(spec) as source:
+        refs = select_tasks(source.tasks, selectors, limit)
+        jobs = [_Job(ref, r) for ref in refs for r in range(rollouts) if (ref.key, r) not in skip]
+        if not jobs:
+            return 0
+        await source.check()
+        async with open_runner(source, options) as runner:
+            with (
+                JsonlWriter(out) as writer,
+                RolloutProgress(
+                    len(jobs), runner.stats, console=err_console, enabled=not quiet
+                ) as progress,
+            ):
+                starts = await _initial_states(source, jobs, n_concurrent)
+                runnable: list[tuple[_Job, State]] = []
+                for job, start in zip(jobs, starts, strict=True):
+                    if isinstance(start, State):
+                        runnable.append((job, start))
+                    else:  # the task itself failed to start: that is data too
+                        _save(writer, progress, spec, job, start)
+                states = [state for _, state in runnable]
+                async with contextlib.aclosing(
+                    runner.iter_batch_from_states(states, batch_size=n_concurrent)
+                ) as trajectories:
+                    async for trajectory in trajectories:
+                        assert trajectory.index is not None
+                        _save(writer, progress, spec, runnable[trajectory.index][0], trajectory)
+                return writer.written
+
+
+def _save(
+    writer: JsonlWriter, progress: RolloutProgress, spec: SourceSpec, job: _Job, traj: Trajectory
+) -> None:
+    writer.write_trajectory(traj, **record_fields(job.ref.key, job.rollout, spec))
+    progress.advance(traj)
+
+
+async def _initial_states(
+    source: Source, jobs: list[_Job], n_concurrent: int
+) -> list[State | Trajectory]:
+    """Each job's start state: a reset per rollout on a pure env, else one reset per task on
+    a throwaway instance. A task that cannot start yields failed trajectories instead.
+    """
+    env = source.environment
+    if env.pure_step:
+        return [await _reset(env, job.ref, seed=job.rollout) for job in jobs]
+    factory = source.env_factory
+    assert factory is not None
+    by_task: dict[int | str, State | Trajectory] = {}
+    gate = anyio.Semaphore(n_concurrent)
+
+    async def start(ref: TaskRef) -> None:
+        async with gate:
+            by_task[ref.key] = await _fresh_reset(factory, ref)
+
+    async with anyio.create_task_group() as tg:
+        for ref in {job.ref.key: job.ref for job in jobs}.values():
+            tg.start_soon(start, ref)
+    return [by_task[job.ref.key] for job in jobs]
+
+
+async def _fresh_reset(factory: EnvFactory, ref: TaskRef) -> State | Trajectory:
+    try:
+        instance = await factory()
+    except _FATAL:
+        raise
+    except Exception as exc:
+        return _failed(ref, exc, None)
+    try:
+        return await _reset(instance, ref, seed=None)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await instance.aclose()
+
+
+async def _reset(env: Environment, ref: TaskRef, seed: int | None) -> State | Trajectory:
+    try:
+        return await env.reset(ref.task, seed=seed)
+    except _FATAL:
+        raise
+    except Exception as exc:
+        return _failed(ref, exc, seed)
+
+
+def _failed(ref: TaskRef, exc: Exception, seed: int | None) -> Trajectory:
+    return Trajectory(
+        episode_id="",
+        initial_state=State(observation=Observation(text=""), task=ref.task, seed=seed),
+        error=ErrorInfo.from_exception(exc, phase="reset"),
+        stop_reason="error",
+    )

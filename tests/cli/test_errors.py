@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .conftest import CLI, EXAMPLE_TASKS, Invoke
+
+
+def _one_line_error(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in err
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["run"], "exactly one of"),
+        (["run", "--env", "chain", str(EXAMPLE_TASKS)], "exactly one of"),
+        (["run", "--env", "chian"], "unknown --env 'chian'"),
+        (["run", "/no/such/tasks"], "no such directory"),
+        (["run", "--env", "chain", "--bogus"], "--bogus"),
+        (["run", "--env", "chain", "-n", "x"], "--rollouts"),
+        (["run", "--env", "chain", "-n", "0"], "--rollouts"),
+        (["run", "--env", "chain", "--epsilon", "2"], "--epsilon"),
+        (["run", "--env", "chain", "--max-steps", "0"], "--max-steps"),
+        (["run", "--env", "chain", "--backend", "gpt"], "--backend"),
+        (["run", "--env", "chain", "--backend", "openai"], "--model and --base-url"),
+        (["run", "--env", "chain", "--backend", "vllm"], "needs --model"),
+        (["run", "--env", "chain", "-o", "/no/such/dir/r.jsonl"], "does not exist"),
+        (["run", "--env", "chain", "-t", "99"], "unknown task '99'"),
+        (["run", "--env", "chain", "--retry-failed"], "--retry-failed"),
+        (["q-values", "/no/such.jsonl"], "does not exist"),
+        (["q-values", "x.jsonl", "-n", "1"], "--rollouts"),
+        (["q-values", "x.jsonl", "--step", "-1"], "--step"),
+        (["tasks", "list", "/no/such/tasks"], "no such directory"),
+        (["validate-replay", str(EXAMPLE_TASKS), "--task", "nope"], "unknown task 'nope'"),
+        (
+            ["validate-replay", str(EXAMPLE_TASKS), "--task", "csv-totals", "--trials", "1"],
+            "trials",
+        ),
+        (["nosuchcommand"], "nosuchcommand"),
+    ],
+)
+def test_bad_input_is_one_line_and_nonzero(cli: Invoke, args: list[str], fragment: str) -> None:
+    res = cli(*args)
+    assert res.code != 0
+    assert fragment in _one_line_error(res.err)
+
+
+def test_existing_output_needs_resume_or_force(cli: Invoke, tmp_path: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    assert cli("run", "--env", "chain", "--limit", "1", "-o", str(out), "-q").code == 0
+    res = cli("run", "--env", "chain", "--limit", "1", "-o", str(out), "-q")
+    assert res.code == 2
+    assert "--resume" in _one_line_error(res.err)
+    res = cli("run", "--env", "arithmetic", "--limit", "1", "-o", str(out), "--resume", "-q")
+    assert "written for env chain, not env arithmetic" in _one_line_error(res.err)
+    res = cli("run", "--env", "chain", "--max-steps", "4", "-o", str(out), "--resume", "-q")
+    assert "not env chain (--max-steps 4)" in _one_line_error(res.err)
+    res = cli("run", "--env", "arithmetic", "--limit", "1", "-o", str(out), "--force", "-q")
+    assert res.code == 0
+
+
+def test_malformed_results_file_names_the_line(cli: Invoke, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"key": 1}\nnot json\n{}\n')
+    res = cli("q-values", str(bad))
+    assert res.code == 1
+    assert "bad.jsonl:2: malformed JSON" in _one_line_error(res.err)
+    bad.write_text('{"key": {"task": 0, "rollout": 0}}\n')
+    res = cli("q-values", str(bad))
+    assert "no 'source'" in _one_line_error(res.err)
+
+
+def test_console_script_process_gives_one_line(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [*CLI, "q-values", str(tmp_path / "missing.jsonl")], capture_output=True, text=True
+    )
+    assert proc.returncode == 2
+    assert "missing.jsonl" in _one_line_error(proc.stderr)
+    assert proc.stdout == ""
+
+
+def test_tasks_list_of_a_harbor_directory_needs_no_docker(cli: Invoke) -> None:
+    res = cli("tasks", "list", str(EXAMPLE_TASKS))
+    assert res.code == 0
+    for name in ("build-release", "csv-totals", "random-session"):
+        assert name in res.out
+
+
+def test_no_docker_engine_is_one_line_and_creates_no_output(
+    cli: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
+    out = tmp_path / "r.jsonl"
+    res = cli("run", str(EXAMPLE_TASKS), "-o", str(out), "-q")
+    assert res.code == 1
+    assert "Docker engine" in _one_line_error(res.err)
+    assert not out.exists()
+    assert "Docker engine" in _one_line_error(cli("cleanup").err)

@@ -1,0 +1,72 @@
+"""The scripted epsilon-oracle policies behind ``--backend scripted`` and the demo."""
+
+from __future__ import annotations
+
+import pytest
+
+from llenvs_async import ChatMessage, GenerationRequest
+from llenvs_async.policies import (
+    HARBOR_DESTRUCTIVE,
+    arithmetic_oracle,
+    counter_oracle,
+    harbor_oracle,
+    next_solution_command,
+)
+
+SOLUTION = ("mkdir -p /app/out", "cp a /app/out", "ls /app/out")
+
+
+def _request(*assistant: str, task: int | str = "t", index: int = 0) -> GenerationRequest:
+    messages = [ChatMessage(role="user", content="do the task")]
+    for text in assistant:
+        messages += [
+            ChatMessage(role="assistant", content=text),
+            ChatMessage(role="user", content="ok"),
+        ]
+    return GenerationRequest(
+        messages=tuple(messages), task=task, rollout_index=index, step=len(assistant)
+    )
+
+
+def test_next_solution_command_skips_mistakes_and_ends_with_submit() -> None:
+    assert next_solution_command(_request(), SOLUTION) == SOLUTION[0]
+    assert next_solution_command(_request(SOLUTION[0], "ls -la /app"), SOLUTION) == SOLUTION[1]
+    assert next_solution_command(_request(*SOLUTION), SOLUTION) == "SUBMIT"
+    # a solution command run out of order does not count
+    assert next_solution_command(_request(SOLUTION[1]), SOLUTION) == SOLUTION[0]
+
+
+def test_epsilon_zero_is_the_solution_and_epsilon_one_always_errs() -> None:
+    perfect = harbor_oracle(lambda task: SOLUTION, epsilon=0.0)
+    assert [perfect(_request(*SOLUTION[:k])) for k in range(4)] == [*SOLUTION, "SUBMIT"]
+    clumsy = harbor_oracle(lambda task: SOLUTION, epsilon=1.0)
+    picks = {clumsy(_request(index=i)) for i in range(40)}
+    assert HARBOR_DESTRUCTIVE in picks and "SUBMIT" in picks
+    assert not picks & set(SOLUTION)
+
+
+def test_draws_are_reproducible_and_differ_across_rollouts() -> None:
+    a = harbor_oracle(lambda task: SOLUTION, epsilon=0.5, seed=7)
+    b = harbor_oracle(lambda task: SOLUTION, epsilon=0.5, seed=7)
+    first = [a(_request(index=i)) for i in range(30)]
+    assert first == [b(_request(index=i)) for i in range(30)]
+    assert 0 < sum(x == SOLUTION[0] for x in first) < 30
+    other_seed = harbor_oracle(lambda task: SOLUTION, epsilon=0.5, seed=8)
+    assert first != [other_seed(_request(index=i)) for i in range(30)]
+
+
+def test_builtin_oracles() -> None:
+    ask = GenerationRequest(
+        messages=(
+            ChatMessage(role="user", content="Compute 12 * 7. Answer with a single integer."),
+        )
+    )
+    assert arithmetic_oracle()(ask) == "84"
+    assert arithmetic_oracle(epsilon=1.0)(ask) in ("83", "85")
+    counter = counter_oracle()
+    at = GenerationRequest(messages=(ChatMessage(role="user", content="Counter is 3."),), task=3)
+    assert counter(at) == "submit"
+    below = GenerationRequest(messages=(ChatMessage(role="user", content="Counter is 1."),), task=3)
+    assert counter(below) == "inc"
+    with pytest.raises(ValueError, match="epsilon"):
+        counter_oracle(epsilon=1.5)

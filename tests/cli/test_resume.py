@@ -1,0 +1,151 @@
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llenvs_async.serialization import read_jsonl, read_trajectories
+from llenvs_async.testing.openai_server import Fault, OpenAITestServer, serve_openai_compatible
+
+from ._docker import containers_of
+from .conftest import CLI, EXAMPLE_TASKS, Invoke
+
+ALL_KEYS = [(t, r) for t in range(5) for r in range(2)]
+BLOCK_AFTER = 14  # chat requests answered before the fake model hangs (two chunks' worth)
+
+
+def _keys(path: Path) -> list[tuple[Any, int]]:
+    return [(r["key"]["task"], r["key"]["rollout"]) for r in read_jsonl(path)]
+
+
+def _complete_lines(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+async def test_sigint_mid_run_then_resume_loses_and_duplicates_nothing(
+    tmp_path: Path, cli: Invoke
+) -> None:
+    out = tmp_path / "r.jsonl"
+    calls = 0
+    server: OpenAITestServer
+
+    def policy(messages: Any) -> str:
+        # After BLOCK_AFTER answers every later request hangs: the child is then provably
+        # mid-run (a lockstep round waits on the model) when it gets SIGINT.
+        nonlocal calls
+        calls += 1
+        if calls == BLOCK_AFTER:
+            server.inject(Fault.delayed(3600, times=10**6))
+        return "right"
+
+    async with serve_openai_compatible(policy=policy) as server:
+        proc = await asyncio.create_subprocess_exec(
+            *CLI, "run", "--env", "chain", "-n", "2", "-c", "2", "-o", str(out), "-q",
+            "--backend", "openai", "--model", "fake-model", "--base-url", server.base_url,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            async with asyncio.timeout(60):
+                while not (server.in_flight >= 1 and _complete_lines(out) >= 1):
+                    assert proc.returncode is None, await proc.stderr.read()  # type: ignore[union-attr]
+                    await asyncio.sleep(0.02)
+            saved = out.read_bytes()
+            proc.send_signal(signal.SIGINT)
+            stdout, stderr = await asyncio.wait_for(proc.communicate(), 60)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    assert proc.returncode == 130, stderr.decode()
+    assert b"Traceback" not in stderr
+    assert b"--resume" in stderr
+    assert b"(interrupted)" in stdout  # the summary table still comes out
+    # Nothing half-written, nothing lost: the file holds exactly what was saved before.
+    assert out.read_bytes() == saved
+    before = _keys(out)
+    assert 1 <= len(before) < len(ALL_KEYS)
+    assert len(set(before)) == len(before)
+
+    args = ("run", "--env", "chain", "-n", "2", "-c", "2", "-o", str(out), "--resume", "-q")
+    res = await asyncio.to_thread(cli, *args)  # the CLI runs its own event loop
+    assert res.code == 0, res.err
+    assert out.read_bytes().startswith(saved)
+    after = _keys(out)
+    assert sorted(after) == ALL_KEYS  # every (task, rollout) exactly once
+    assert f"wrote {len(ALL_KEYS) - len(before)} trajectories" in res.out
+    assert all(t.success for t in read_trajectories(out))
+
+
+def test_resume_reruns_a_record_cut_mid_line(tmp_path: Path, cli: Invoke) -> None:
+    out = tmp_path / "r.jsonl"
+    assert cli("run", "--env", "chain", "-n", "2", "-o", str(out), "-q").code == 0
+    full = out.read_bytes()
+    out.write_bytes(full[:-40])  # the writer died in the middle of the last line
+    res = cli("run", "--env", "chain", "-n", "2", "-o", str(out), "--resume", "-q")
+    assert res.code == 0, res.err
+    assert "wrote 1 trajectories" in res.out
+    assert sorted(_keys(out)) == ALL_KEYS
+
+
+def test_resume_with_nothing_left_writes_nothing(tmp_path: Path, cli: Invoke) -> None:
+    out = tmp_path / "r.jsonl"
+    assert cli("run", "--env", "arithmetic", "--limit", "3", "-o", str(out), "-q").code == 0
+    before = out.read_bytes()
+    res = cli("run", "--env", "arithmetic", "--limit", "3", "-o", str(out), "--resume", "-q")
+    assert res.code == 0
+    assert "wrote 0 trajectories" in res.out
+    assert out.read_bytes() == before
+
+
+def test_retry_failed_reruns_only_failed_rollouts(tmp_path: Path, cli: Invoke) -> None:
+    out = tmp_path / "r.jsonl"
+    # Mark one saved rollout as failed by hand: only that one may be rerun.
+    assert cli("run", "--env", "chain", "--limit", "2", "-o", str(out), "-q").code == 0
+    lines = out.read_text().splitlines()
+    broken = lines[0].replace('"error":null', '"error":{"type":"EnvError","message":"boom",'
+                              '"phase":"step","traceback":""}')  # fmt: skip
+    assert broken != lines[0]
+    out.write_text("\n".join([broken, *lines[1:]]) + "\n")
+    res = cli("run", "--env", "chain", "--limit", "2", "-o", str(out), "--resume", "--retry-failed",
+              "-q")  # fmt: skip
+    assert res.code == 0, res.err
+    assert "wrote 1 trajectories" in res.out
+    assert len(_keys(out)) == 3  # the retry is appended; readers keep the last per key
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+async def test_sigint_on_harbor_run_leaves_no_container_and_resumes(
+    tmp_path: Path, cli: Invoke, docker_ready: None
+) -> None:
+    out = tmp_path / "h.jsonl"
+    args = ("run", str(EXAMPLE_TASKS), "-n", "2", "-c", "2", "-o", str(out), "-q")
+    proc = await asyncio.create_subprocess_exec(
+        *CLI, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        # Interrupt once a trajectory is saved while the next chunk's containers are live.
+        async with asyncio.timeout(120):
+            while not (_complete_lines(out) >= 1 and await containers_of(proc.pid)):
+                assert proc.returncode is None
+                await asyncio.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 130, stderr.decode()
+    assert await containers_of(proc.pid) == []
+    before = _keys(out)
+    assert 1 <= len(before) < 14
+    res = await asyncio.to_thread(cli, *args, "--resume")
+    assert res.code == 0, res.err
+    after = _keys(out)
+    assert after[: len(before)] == before
+    tasks = {task for task, _ in after}
+    assert len(tasks) == 7
+    assert sorted(after) == sorted((task, r) for task in tasks for r in (0, 1))

@@ -1,0 +1,305 @@
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llenvs_async import (
+    Action,
+    Completion,
+    ErrorInfo,
+    Observation,
+    ScriptedBackend,
+    State,
+    Trajectory,
+    TrajectoryRunner,
+    Transition,
+)
+from llenvs_async.envs import ChainEnv
+from llenvs_async.serialization import (
+    JsonlWriter,
+    SerializationError,
+    from_dict,
+    read_jsonl,
+    read_trajectories,
+    to_dict,
+)
+
+# -- strategies ---------------------------------------------------------------------------
+
+finite = st.floats(allow_nan=False)
+scalars = st.none() | st.booleans() | st.integers() | finite | st.text(max_size=8)
+json_values = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.lists(inner, max_size=3).map(tuple)
+        | st.dictionaries(st.text(max_size=5).filter(lambda k: k != "__tuple__"), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+mappings = st.dictionaries(
+    st.text(max_size=5).filter(lambda k: k != "__tuple__"), json_values, max_size=3
+)
+actions = st.builds(
+    Action, text=st.text(max_size=10), tool_calls=st.lists(json_values, max_size=2).map(tuple)
+)
+observations = st.builds(Observation, text=st.text(max_size=10), data=mappings)
+completions = st.builds(
+    Completion,
+    text=st.text(max_size=10),
+    token_ids=st.lists(st.integers(), max_size=4).map(tuple),
+    logprobs=st.none() | st.lists(st.floats(allow_nan=False), max_size=4).map(tuple),
+    finish_reason=st.none() | st.sampled_from(["stop", "length"]),
+    prompt_token_ids=st.lists(st.integers(0, 50_000), max_size=4).map(tuple),
+)
+errors = st.builds(
+    ErrorInfo, type=st.text(max_size=6), message=st.text(max_size=10), phase=st.text(max_size=6)
+)
+
+
+@st.composite
+def trajectories(draw: st.DrawFn) -> Trajectory:
+    state = State(
+        observation=draw(observations),
+        task=draw(st.none() | st.integers() | st.text(max_size=6)),
+        episode_id=draw(st.text(max_size=6)),
+        actions=tuple(draw(st.lists(actions, max_size=2))),
+        hidden=draw(json_values),
+        info=draw(mappings),
+        seed=draw(st.none() | st.integers()),
+    )
+    initial = state
+    steps = []
+    for _ in range(draw(st.integers(0, 4))):
+        action = draw(actions)
+        # Mostly a growing prefix; sometimes a state that is not the previous next_state.
+        start = state if draw(st.booleans()) or not steps else State(observation=draw(observations))
+        nxt = State(
+            observation=draw(observations),
+            task=start.task,
+            step=start.step + 1,
+            episode_id=start.episode_id,
+            actions=(*start.actions, action) if draw(st.booleans()) else (action,),
+            terminated=draw(st.booleans()),
+            truncated=draw(st.booleans()),
+            hidden=draw(json_values),
+        )
+        steps.append(
+            Transition(
+                state=start,
+                action=action,
+                next_state=nxt,
+                reward=draw(finite),
+                completion=draw(st.none() | completions),
+                info=draw(mappings),
+            )
+        )
+        state = nxt
+    return Trajectory(
+        episode_id=draw(st.text(max_size=6)),
+        initial_state=initial,
+        transitions=tuple(steps),
+        error=draw(st.none() | errors),
+        index=draw(st.none() | st.integers(0, 100)),
+        stop_reason=draw(st.sampled_from(["terminated", "truncated", "max_steps", "error"])),
+        info=draw(mappings),
+    )
+
+
+def _through_json(obj: Any) -> Any:
+    data = to_dict(obj)
+    return from_dict(type(obj), json.loads(json.dumps(data)))
+
+
+# -- round trips ---------------------------------------------------------------------------
+
+
+@settings(max_examples=100, deadline=None)
+@given(trajectories())
+def test_trajectory_round_trip_is_exact(traj: Trajectory) -> None:
+    back = _through_json(traj)
+    assert back == traj
+    for a, b in zip(back.states, traj.states, strict=True):
+        assert type(a.hidden) is type(b.hidden)
+        assert a.actions == b.actions
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.one_of(actions, observations, completions, errors))
+def test_leaf_types_round_trip(obj: Any) -> None:
+    assert _through_json(obj) == obj
+
+
+@settings(max_examples=40, deadline=None)
+@given(trajectories())
+def test_standalone_transition_and_state_round_trip(traj: Trajectory) -> None:
+    assert _through_json(traj.initial_state) == traj.initial_state
+    for t in traj.transitions:
+        assert _through_json(t) == t
+
+
+def test_tuples_come_back_as_tuples() -> None:
+    state = State(observation=Observation(text="x"), hidden={"pos": (1, (2, [3]))})
+    back = _through_json(state)
+    assert back.hidden == {"pos": (1, (2, [3]))}
+    assert isinstance(back.hidden["pos"], tuple)
+    assert isinstance(back.hidden["pos"][1][1], list)
+
+
+def test_token_ids_and_logprobs_survive() -> None:
+    c = Completion(text="hi", token_ids=(5, 6), logprobs=(-0.25, -math.inf), prompt_token_ids=(1,))
+    back = _through_json(c)
+    assert back.token_ids == (5, 6)
+    assert back.logprobs == (-0.25, -math.inf)
+    assert back.prompt_token_ids == (1,)
+
+
+async def test_real_runner_trajectories_round_trip_and_share_states() -> None:
+    env = ChainEnv(num_tasks=2, max_steps=6)
+    runner = TrajectoryRunner(
+        env, ScriptedBackend(lambda r: Completion(text="right", token_ids=(1,), logprobs=(-0.1,)))
+    )
+    trajs = await runner.run_batch([0, 1])
+    for traj in trajs:
+        back = _through_json(traj)
+        assert back == traj
+        assert back.success
+        # Consecutive transitions share one decoded state object (memory stays O(steps)).
+        for prev, cur in zip(back.transitions, back.transitions[1:], strict=False):
+            assert cur.state is prev.next_state
+
+
+def test_file_size_grows_linearly_with_steps() -> None:
+    def traj_of(n: int) -> Trajectory:
+        state = State(observation=Observation(text="o"))
+        steps = []
+        for i in range(n):
+            nxt = State(
+                observation=Observation(text="o"),
+                step=i + 1,
+                actions=(*state.actions, Action(text="a" * 50)),
+            )
+            steps.append(Transition(state=state, action=Action(text="a" * 50), next_state=nxt))
+            state = nxt
+        return Trajectory(episode_id="e", initial_state=steps[0].state, transitions=tuple(steps))
+
+    small, big = (len(json.dumps(to_dict(traj_of(n)))) for n in (20, 80))
+    assert big < 4.5 * small  # quadratic would be ~16x
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("hidden", "fragment"),
+    [
+        ({1, 2}, "set"),
+        ({"a": object()}, "State.hidden['a']"),
+        ({1: "x"}, "JSON keys are strings"),
+        ({"__tuple__": 1}, "reserved"),
+    ],
+)
+def test_non_json_hidden_is_a_clear_error(hidden: Any, fragment: str) -> None:
+    with pytest.raises(SerializationError, match=r"State\.hidden") as info:
+        to_dict(State(observation=Observation(text="x"), hidden=hidden))
+    assert fragment in str(info.value)
+
+
+def test_malformed_documents_name_the_field() -> None:
+    good = to_dict(State(observation=Observation(text="x"), step=2))
+    with pytest.raises(SerializationError, match="missing field 'step'"):
+        from_dict(State, {k: v for k, v in good.items() if k != "step"})
+    with pytest.raises(SerializationError, match=r"State\.step"):
+        from_dict(State, {**good, "step": "two"})
+    with pytest.raises(SerializationError, match="token_ids"):
+        from_dict(Completion, {"text": "x", "token_ids": ["a"]})
+    with pytest.raises(TypeError, match="cannot decode"):
+        from_dict(int, {})
+
+
+# -- JSONL -----------------------------------------------------------------------------------
+
+
+def _traj(i: int) -> Trajectory:
+    s0 = State(observation=Observation(text=f"start {i}"), task=i)
+    s1 = State(
+        observation=Observation(text="end"),
+        task=i,
+        step=1,
+        actions=(Action(text="go"),),
+        terminated=True,
+    )
+    return Trajectory(
+        episode_id=f"ep{i}",
+        initial_state=s0,
+        transitions=(Transition(state=s0, action=Action(text="go"), next_state=s1, reward=1.0),),
+        stop_reason="terminated",
+    )
+
+
+def test_writer_flushes_each_line_before_close(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    writer = JsonlWriter(path)
+    writer.write_trajectory(_traj(0), key={"task": 0, "rollout": 0})
+    # Visible to another reader without closing the writer.
+    assert [r["key"] for r in read_jsonl(path)] == [{"task": 0, "rollout": 0}]
+    writer.write_trajectory(_traj(1), key={"task": 1, "rollout": 0})
+    assert read_trajectories(path) == [_traj(0), _traj(1)]
+    writer.close()
+
+
+def test_truncated_last_line_is_skipped_then_repaired_on_append(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    with JsonlWriter(path) as writer:
+        writer.write_trajectory(_traj(0))
+        writer.write_trajectory(_traj(1))
+    full = path.read_bytes()
+    path.write_bytes(full[: len(full) - 25])  # the second line, cut mid-write
+    assert read_trajectories(path) == [_traj(0)]
+    with JsonlWriter(path) as writer:
+        writer.write_trajectory(_traj(2))
+    assert read_trajectories(path) == [_traj(0), _traj(2)]
+    assert path.read_text().count("\n") == 2
+
+
+def test_repair_finds_the_start_of_a_long_cut_line(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    big = Trajectory(
+        episode_id="big", initial_state=State(observation=Observation(text="x" * 300_000))
+    )
+    with JsonlWriter(path) as writer:
+        writer.write_trajectory(_traj(0))
+        writer.write_trajectory(big)
+    path.write_bytes(path.read_bytes()[:-100_000])  # cut far from any newline
+    with JsonlWriter(path) as writer:
+        writer.write_trajectory(_traj(1))
+    assert read_trajectories(path) == [_traj(0), _traj(1)]
+
+
+def test_complete_last_line_without_newline_is_kept(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    path.write_text(json.dumps({"trajectory": to_dict(_traj(0))}))
+    assert read_trajectories(path) == [_traj(0)]
+    with JsonlWriter(path) as writer:
+        writer.write_trajectory(_traj(1))
+    assert read_trajectories(path) == [_traj(0), _traj(1)]
+
+
+def test_malformed_middle_line_is_an_error_with_its_number(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    line = json.dumps({"trajectory": to_dict(_traj(0))})
+    path.write_text(f"{line}\n{{oops\n{line}\n")
+    with pytest.raises(SerializationError, match=r"out\.jsonl:2: malformed"):
+        read_jsonl(path)
+    path.write_text(f"{line}\n[1, 2]\n")
+    with pytest.raises(SerializationError, match=r":2: expected a JSON object"):
+        read_jsonl(path)
+    path.write_text('{"key": 1}\n')
+    with pytest.raises(SerializationError, match="no 'trajectory'"):
+        read_trajectories(path)
