@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from collections.abc import Sequence
 
 import anyio
@@ -11,6 +14,8 @@ from ._config import RunConfig
 from ._rollout import PROGRAMMING_ERRORS, Rollout
 
 __all__ = ["close_instances", "prepare"]
+
+_log = logging.getLogger("llenvs_async.runner")
 
 
 async def prepare(rollouts: Sequence[Rollout], cfg: RunConfig, limit: int) -> None:
@@ -22,13 +27,17 @@ async def prepare(rollouts: Sequence[Rollout], cfg: RunConfig, limit: int) -> No
     recorded on the rollout; instances are registered before restore so teardown
     finds them even when cancelled mid-restore.
     """
-    gate = anyio.Semaphore(max(limit, 1))
-    async with anyio.create_task_group() as tg:
+    gate = asyncio.Semaphore(limit) if limit < len(rollouts) else contextlib.nullcontext()
+    async with asyncio.TaskGroup() as tg:
         for rollout in rollouts:
-            tg.start_soon(_prepare_one, rollout, cfg, gate)
+            tg.create_task(_prepare_one(rollout, cfg, gate))
 
 
-async def _prepare_one(rollout: Rollout, cfg: RunConfig, gate: anyio.Semaphore) -> None:
+async def _prepare_one(
+    rollout: Rollout,
+    cfg: RunConfig,
+    gate: asyncio.Semaphore | contextlib.nullcontext[None],
+) -> None:
     spec = rollout.spec
     phase = "factory"
     try:
@@ -51,7 +60,7 @@ async def _prepare_one(rollout: Rollout, cfg: RunConfig, gate: anyio.Semaphore) 
                 cfg.stats.restoring += 1
                 cfg.stats.peak_restoring = max(cfg.stats.peak_restoring, cfg.stats.restoring)
                 try:
-                    with anyio.fail_after(cfg.restore_timeout):
+                    async with asyncio.timeout(cfg.restore_timeout):
                         state = await cfg.restore_fn(env, spec.state)
                 finally:
                     cfg.stats.restoring -= 1
@@ -83,9 +92,10 @@ async def close_one(rollout: Rollout, cfg: RunConfig) -> None:
         return
     rollout.env, rollout.owns_env = None, False
     try:
-        with anyio.CancelScope(shield=True), anyio.move_on_after(cfg.close_timeout):
+        with anyio.CancelScope(shield=True, deadline=anyio.current_time() + cfg.close_timeout):
             await env.aclose()
     except Exception:
-        pass
+        # Teardown goes on for the other instances; the failure is logged, not raised.
+        _log.warning("closing %r failed", env, exc_info=True)
     finally:
         cfg.stats.live_instances -= 1

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, Sequence
-
-import anyio
 
 from ..errors import BackendError, StepTimeoutError
 from ..types import Action, Trajectory, Transition
@@ -69,9 +68,10 @@ async def _round(active: Sequence[Rollout], cfg: RunConfig) -> None:
         await _generate(needing, cfg)
     stepping = [r for r in active if not r.finished]
     try:
-        async with anyio.create_task_group() as tg:
+        # asyncio's TaskGroup: ~3x cheaper per task than anyio's, and this is the hot path.
+        async with asyncio.TaskGroup() as tg:
             for rollout in stepping:
-                tg.start_soon(_step, rollout, cfg)
+                tg.create_task(_step(rollout, cfg))
     except BaseExceptionGroup as group:
         raise _first(group) from None
 
@@ -109,10 +109,14 @@ async def _step(rollout: Rollout, cfg: RunConfig) -> None:
         if cfg.step_timeout is None:
             result = await env.step(state, action)
         else:
-            with anyio.CancelScope(deadline=anyio.current_time() + cfg.step_timeout) as scope:
-                result = await env.step(state, action)
-            if scope.cancelled_caught:
-                raise StepTimeoutError(cfg.step_timeout)
+            deadline = asyncio.timeout(cfg.step_timeout)
+            try:
+                async with deadline:
+                    result = await env.step(state, action)
+            except TimeoutError as exc:
+                if deadline.expired():  # ours, not a TimeoutError raised by the step itself
+                    raise StepTimeoutError(cfg.step_timeout) from exc
+                raise
     except PROGRAMMING_ERRORS:
         raise
     except Exception as exc:
