@@ -1,0 +1,284 @@
+"""Snapshot-fork vs concurrent replay: B Harbor instances restored to one state of L actions.
+
+Concurrent replay (``harbor_restore``) starts B containers and replays the prefix in
+each; snapshot-fork (``SnapshotRestore``) replays it once, commits that container and
+starts the other B-1 from the snapshot. Both go through ``TrajectoryRunner``
+(``run_batch_from_states``); a restore's time runs until the last instance is
+restored. Run: ``python -m benchmarks.bench_snapshot [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from llenvs_async import (
+    Action,
+    Environment,
+    GenerationRequest,
+    ScriptedBackend,
+    State,
+    TrajectoryRunner,
+)
+from llenvs_async.adapters.harbor import (
+    HarborAdapter,
+    HarborEnvironment,
+    SnapshotRestore,
+    harbor_restore,
+)
+from llenvs_async.docker import DockerEngine, ensure_base_image
+from llenvs_async.docker.ownership import current_owner
+from llenvs_async.docker.snapshots import list_snapshot_images, remove_image
+
+from ._common import RESULTS_DIR, Result, Target, make_result, plot, render_plots, spread, table
+from ._common import write_result as write_json
+
+__all__ = ["main", "run"]
+
+TASKS = Path(__file__).resolve().parents[1] / "examples" / "tasks"
+# Prefix actions ({i}: the action's number): bench_restore's shell action (~2 ms, a forked
+# `wc`), and a Python one-liner doing some work (tens of ms), closer to an agent's scripts.
+WORKLOADS = {
+    "shell": "echo {i} >> /tmp/replay.log && wc -l < /tmp/replay.log",
+    "python": "python3 -c 'import hashlib, json; print({i}, hashlib.sha256(json.dumps("
+    "list(range(200000))).encode()).hexdigest()[:8])' >> /tmp/replay.log",
+}
+FULL: dict[str, Any] = {
+    "instances": 16,
+    "prefix_lengths": {"shell": [5, 20, 50], "python": [20]},
+    "repeats": 3,
+    "task": "csv-totals",
+    "workloads": WORKLOADS,
+}
+QUICK: dict[str, Any] = {
+    **FULL,
+    "instances": 3,
+    "prefix_lengths": {"shell": [2], "python": [2]},
+    "repeats": 1,
+}
+TARGET_LENGTH = 20
+RATIO_LIMIT = 0.3
+MODES = ("replay", "snapshot")
+FIRST = "snapshot, first"
+COLUMNS = (
+    "actions",
+    "ms per action",
+    "L",
+    "concurrent replay",
+    "snapshot-fork",
+    "snapshot-fork: first (replay + commit)",
+    "ratio",
+)
+Restore = Callable[[Environment, State], Awaitable[State]]
+Times = dict[str, dict[str, dict[int, list[float]]]]  # workload -> mode -> L -> seconds
+# mode "snapshot, first": until the first instance is restored (the replay and the commit)
+
+
+def noop(request: GenerationRequest) -> str:
+    return "true"
+
+
+async def saved_state(adapter: HarborAdapter, task: str, actions: Sequence[str]) -> State:
+    """The state after ``actions`` in an episode of ``task``, recorded on a real container."""
+    async with await adapter.get_environment(TASKS, max_steps=None) as env:
+        state = await env.reset(task)
+        for action in actions:
+            state = (await env.step(state, Action(text=action))).next_state
+    return state
+
+
+async def restore_batch(
+    adapter: HarborAdapter, state: State, size: int, mode: str
+) -> tuple[float, float]:
+    """Seconds until the first and until all ``size`` instances are restored to ``state``
+    through the runner."""
+    done: list[float] = []
+
+    async def env_factory() -> HarborEnvironment:
+        return await adapter.get_environment(TASKS, max_steps=None)
+
+    async with SnapshotRestore() as snapshots:
+        inner: Restore = snapshots if mode == "snapshot" else harbor_restore
+
+        async def timed(env: Environment, target: State) -> State:
+            restored = await inner(env, target)
+            done.append(time.perf_counter())
+            return restored
+
+        async with await env_factory() as primary:
+            runner = TrajectoryRunner(
+                environment=primary,
+                backend=ScriptedBackend(noop),
+                env_factory=env_factory,
+                restore_fn=timed,
+            )
+            started = time.perf_counter()
+            trajs = await runner.run_batch_from_states([state] * size, size, max_steps=1)
+    failed = [t.error for t in trajs if t.error is not None]
+    assert len(done) == size and not failed, f"snapshot benchmark rollouts failed: {failed[:1]}"
+    if mode == "snapshot":
+        methods = sorted(t.initial_state.info["restore"]["method"] for t in trajs)
+        assert methods == ["replay"] + ["snapshot"] * (size - 1), methods
+    return min(done) - started, max(done) - started
+
+
+async def leftovers(engine: DockerEngine) -> int:
+    """Remove (and count) this process's containers and snapshot images still present."""
+    containers = await engine.own_containers()
+    for item in containers:
+        await engine.remove_container(item["Id"])
+    images = await list_snapshot_images(engine, owner=current_owner().label)
+    for item in images:
+        await remove_image(engine, item["Id"])
+    return len(containers) + len(images)
+
+
+async def measure(p: dict[str, Any]) -> tuple[Times, dict[str, float], int]:
+    """Both modes for every workload and prefix length, repeats interleaved; also each
+    workload's action time (s, its last action in a live episode) and the leftover count."""
+    times: Times = {w: {m: {} for m in (*MODES, FIRST)} for w in p["prefix_lengths"]}
+    action_s: dict[str, float] = {}
+    async with DockerEngine() as engine:
+        try:
+            await ensure_base_image(engine)
+            with tempfile.TemporaryDirectory() as cache:
+                adapter = HarborAdapter(cache_dir=cache, engine=engine)
+                await saved_state(adapter, p["task"], ())  # builds the task image
+                for workload, lengths in p["prefix_lengths"].items():
+                    for length in lengths:
+                        actions = [WORKLOADS[workload].format(i=i) for i in range(length)]
+                        state = await saved_state(adapter, p["task"], actions)
+                        action_s[workload] = state.info["duration_sec"]
+                        for _ in range(p["repeats"]):
+                            for mode in MODES:
+                                first, last = await restore_batch(
+                                    adapter, state, p["instances"], mode
+                                )
+                                times[workload][mode].setdefault(length, []).append(last)
+                                if mode == "snapshot":
+                                    times[workload][FIRST].setdefault(length, []).append(first)
+        finally:
+            left = await leftovers(engine)
+    return times, action_s, left
+
+
+def _cell(samples: Sequence[float]) -> str:
+    s = spread(samples)
+    return f"{s['median']:.3f} ({s['min']:.3f}-{s['max']:.3f})"
+
+
+def run(quick: bool = False) -> Result:
+    """Measure both modes; judge snapshot-fork against concurrent replay at L=20."""
+    p = dict(QUICK if quick else FULL)
+    times, action_s, left = asyncio.run(measure(p))
+    b = p["instances"]
+    rows = []
+    targets = []
+    for workload, by_mode in times.items():
+        for length, replay in by_mode["replay"].items():
+            snap = by_mode["snapshot"][length]
+            ratio = spread(snap)["median"] / spread(replay)["median"]
+            ms = action_s[workload] * 1000
+            cells = [_cell(replay), _cell(snap), _cell(by_mode[FIRST][length])]
+            rows.append([workload, f"{ms:.1f}", length, *cells, f"{ratio:.2f}"])
+            if length == TARGET_LENGTH or quick:
+                targets.append(
+                    Target(f"snapshot-fork / concurrent replay, {workload} actions, B={b}, "
+                           f"L={length}", ratio, RATIO_LIMIT, "<=", "x",
+                           "median seconds until all B instances are restored"),
+                )  # fmt: skip
+    return make_result(
+        "bench_snapshot",
+        params={**p, "leftover": left},
+        targets=targets,
+        tables=[
+            table(
+                f"Restore B={b} instances of one state after L actions: seconds, median (min-max)",
+                COLUMNS,
+                rows,
+            )
+        ],
+        plots=[
+            plot(
+                "bench_snapshot.png",
+                f"Restore of {b} Harbor instances from one state ({', '.join(times)} actions)",
+                "L (actions in the prefix)",
+                "seconds until all restored",
+                {
+                    f"{w}: {m}": [(n, spread(ts)["median"]) for n, ts in times[w][m].items()]
+                    for w in times
+                    for m in MODES
+                },
+            )
+        ],
+        notes=[
+            f"Task {p['task']} (examples/tasks, Debian base image). Actions: "
+            + "; ".join(f"{w}: `{WORKLOADS[w]}`" for w in times)
+            + ". 'ms per action': the last action's time in the live episode.",
+            "concurrent replay: B containers started and the prefix replayed in each "
+            "(harbor_restore). snapshot-fork: one replay + `docker commit`, then B-1 containers "
+            "started from the snapshot and their cwd, umask and exports re-applied. Each repeat "
+            "uses a new SnapshotRestore (replay, commit, fork); removing the snapshot at "
+            "teardown is not counted.",
+            "'first (replay + commit)': until the instance that replayed and committed is "
+            "restored; the other B-1 then start from the snapshot. "
+            "ratio: median snapshot-fork / median concurrent replay. Both pay B container "
+            "starts (the Docker engine's floor on this machine); snapshot-fork saves the B-1 "
+            "replays, so it wins when replaying the prefix costs more than starting a container.",
+            f"Containers and snapshot images left behind after the run: {left}.",
+        ],
+        data={"seconds": times, "action_seconds": action_s},
+    )
+
+
+def markdown(result: Result) -> str:
+    machine = result["machine"]
+    lines = [
+        "# bench_snapshot: snapshot-fork vs concurrent replay",
+        "",
+        f"{result['created']}; {machine['cores']} cores, Python {machine['python']}, "
+        f"Docker {machine['docker']}, {machine['platform']}; ran {result.get('elapsed_s', '?')} s.",
+        "",
+    ]
+    for spec in result["tables"]:
+        lines += [f"## {spec['title']}", "", "| " + " | ".join(spec["columns"]) + " |"]
+        lines.append("|" + "---|" * len(spec["columns"]))
+        lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in spec["rows"]]
+        lines.append("")
+    lines += ["## Targets", ""]
+    for t in result["targets"]:
+        verdict = "met" if t["met"] else "NOT met"
+        lines.append(
+            f"- {t['name']}: {t['value']:.3g}{t['unit']} ({t['op']} {t['limit']}): {verdict}"
+        )
+    lines += ["", "## Notes", "", *[f"- {note}" for note in result["notes"]], ""]
+    lines += ["## Parameters", "", f"`{result['params']}`", ""]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> Result:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_snapshot")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="results directory")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    result = run(args.quick)
+    result["elapsed_s"] = round(time.perf_counter() - started, 2)
+    path = write_json(result, args.out)
+    (args.out / "bench_snapshot.md").write_text(markdown(result))
+    render_plots(result, args.out)
+    for target in result["targets"]:
+        verdict = "MET" if target["met"] else "NOT MET"
+        print(f"{target['name']}: {target['value']:.4g} {target['op']} {target['limit']} {verdict}")
+    print(f"wrote {path} and bench_snapshot.md in {result['elapsed_s']} s")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
