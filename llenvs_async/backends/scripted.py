@@ -39,8 +39,13 @@ class ScriptedBackend:
         self.calls += 1
         results: list[object] = [self._policy(r) for r in requests]
         if any(inspect.isawaitable(r) for r in results):
-            async with asyncio.TaskGroup() as tg:
-                tasks = [tg.create_task(_resolve(r)) for r in results]
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    tasks = [tg.create_task(_resolve(r)) for r in results]
+            except BaseExceptionGroup as group:
+                # An async policy's error surfaces as itself, exactly like a sync policy's:
+                # the runner records its type (or propagates a TypeError), not a group.
+                raise group.exceptions[0] from None
             results = [t.result() for t in tasks]
         return [_to_completion(r) for r in results]
 

@@ -6,12 +6,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import anyio
 
 from ..env import Environment
 from ._config import RunConfig
-from ._rollout import PROGRAMMING_ERRORS, Rollout
+from ._rollout import Rollout, is_programming_error
 
 __all__ = ["close_instances", "prepare"]
 
@@ -44,12 +45,11 @@ async def _prepare_one(
         async with gate:
             if cfg.multi_instance:
                 assert cfg.env_factory is not None
-                env = await cfg.env_factory()
-                rollout.env, rollout.owns_env = env, True
-                cfg.stats.instance_opened()
+                await _create(rollout, cfg)
             else:
                 rollout.env = cfg.environment
             env = rollout.env
+            assert env is not None
             if spec.state is None:
                 phase = "reset"
                 state = await env.reset(spec.task, seed=spec.seed)
@@ -64,12 +64,37 @@ async def _prepare_one(
                         state = await cfg.restore_fn(env, spec.state)
                 finally:
                     cfg.stats.restoring -= 1
-    except PROGRAMMING_ERRORS:
-        raise
     except Exception as exc:
+        if is_programming_error(exc):
+            raise
         rollout.fail(exc, phase)
         return
     rollout.start(state, cfg.system_prompt, cfg.max_steps)
+
+
+async def _create(rollout: Rollout, cfg: RunConfig) -> None:
+    """Call the factory and register its instance for teardown.
+
+    The factory runs in its own task: when the run is cancelled mid-creation, the
+    instance being built (a container already created, say) would be lost half-way
+    and never closed. Instead creation may finish, bounded by ``close_timeout``; the
+    instance is registered so teardown closes it, then the cancellation goes on.
+    """
+    assert cfg.env_factory is not None
+    creating = asyncio.ensure_future(cfg.env_factory())
+    try:
+        env = await asyncio.shield(creating)
+    except asyncio.CancelledError:
+        try:
+            with anyio.CancelScope(shield=True):
+                await _wait_shielded(creating, cfg.close_timeout)
+        finally:
+            if creating.done() and not creating.cancelled() and creating.exception() is None:
+                rollout.env, rollout.owns_env = creating.result(), True
+                cfg.stats.instance_opened()
+        raise
+    rollout.env, rollout.owns_env = env, True
+    cfg.stats.instance_opened()
 
 
 async def close_instances(rollouts: Sequence[Rollout], cfg: RunConfig) -> None:
@@ -92,10 +117,53 @@ async def close_one(rollout: Rollout, cfg: RunConfig) -> None:
         return
     rollout.env, rollout.owns_env = None, False
     try:
-        with anyio.CancelScope(shield=True, deadline=anyio.current_time() + cfg.close_timeout):
-            await env.aclose()
+        with anyio.CancelScope(shield=True):
+            await _bounded_close(env, cfg.close_timeout)
     except Exception:
         # Teardown goes on for the other instances; the failure is logged, not raised.
         _log.warning("closing %r failed", env, exc_info=True)
     finally:
         cfg.stats.live_instances -= 1
+
+
+async def _bounded_close(env: Environment, limit: float) -> None:
+    """Await ``env.aclose()`` to completion or ``limit`` seconds, whatever cancels the caller.
+
+    anyio's shield only stops anyio's own cancellation; a native ``Task.cancel()`` (an
+    ``asyncio.TaskGroup`` cancelling its children, a user cancelling the task) would
+    still interrupt ``aclose`` half-way and leak the instance. So the close runs in its
+    own task; cancellations of the caller are held back until it ends, then re-raised.
+    """
+    closer = asyncio.ensure_future(env.aclose())
+    await _wait_shielded(closer, limit)
+    if closer.done() and not closer.cancelled():
+        closer.result()  # a failing aclose is raised here (and logged by close_one)
+    else:
+        _log.warning("closing %r timed out after %ss", env, limit)
+
+
+async def _wait_shielded(fut: asyncio.Future[Any], limit: float) -> None:
+    """Wait until ``fut`` is done, at most ``limit`` seconds (then cancel it), holding back
+    cancellations of the caller until then; a held-back cancellation is re-raised.
+    """
+    fut.add_done_callback(_consume)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit
+    cancelled: asyncio.CancelledError | None = None
+    while not fut.done():
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            fut.cancel()
+            break
+        try:
+            await asyncio.wait({fut}, timeout=remaining)
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+    if cancelled is not None:
+        raise cancelled
+
+
+def _consume(fut: asyncio.Future[Any]) -> None:
+    """Mark a background future's outcome as seen (callers inspect it when they need it)."""
+    if not fut.cancelled():
+        fut.exception()

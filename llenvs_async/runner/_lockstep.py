@@ -9,7 +9,7 @@ from ..errors import BackendError, StepTimeoutError
 from ..types import Action, Trajectory, Transition
 from ._config import RunConfig
 from ._instances import close_instances, close_one, prepare
-from ._rollout import PROGRAMMING_ERRORS, Rollout, RolloutInput
+from ._rollout import Rollout, RolloutInput, is_programming_error
 
 __all__ = ["run_chunk"]
 
@@ -86,9 +86,9 @@ async def _generate(rollouts: Sequence[Rollout], cfg: RunConfig) -> None:
             raise BackendError(
                 f"backend returned {len(completions)} completions for {len(requests)} requests"
             )
-    except PROGRAMMING_ERRORS:
-        raise
     except Exception as exc:
+        if is_programming_error(exc):
+            raise
         for rollout in rollouts:
             rollout.fail(exc, "generate")
         return
@@ -117,9 +117,9 @@ async def _step(rollout: Rollout, cfg: RunConfig) -> None:
                 if deadline.expired():  # ours, not a TimeoutError raised by the step itself
                     raise StepTimeoutError(cfg.step_timeout) from exc
                 raise
-    except PROGRAMMING_ERRORS:
-        raise
     except Exception as exc:
+        if is_programming_error(exc):
+            raise
         rollout.fail(exc, "step")
     else:
         rollout.record(
@@ -140,8 +140,9 @@ async def _step(rollout: Rollout, cfg: RunConfig) -> None:
 
 
 def _first(group: BaseExceptionGroup) -> BaseException:
-    """The first leaf exception of a (nested) group: the programming error to re-raise."""
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc
+    """The first error raised by a task of the runner's own group: a programming error, or
+    the exception group holding one that a rollout's environment or backend raised.
+    Only the runner's own level is unwrapped: descending into a user's group could pick
+    a sibling leaf (an ``OSError``) and hide the programming error beside it.
+    """
+    return group.exceptions[0]

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..env import Environment, new_episode_id
+from ..errors import EnvError
 from ..types import (
     Action,
     ChatMessage,
@@ -19,7 +20,7 @@ from ..types import (
     Transition,
 )
 
-__all__ = ["PromptBuilder", "RolloutInput", "Rollout"]
+__all__ = ["PromptBuilder", "Rollout", "RolloutInput", "is_programming_error"]
 
 PromptBuilder = Callable[[State, Sequence[Transition]], Sequence[ChatMessage]]
 """``(initial_state, transitions) -> messages``: replaces the default conversation."""
@@ -33,6 +34,15 @@ PROGRAMMING_ERRORS: tuple[type[BaseException], ...] = (
     NotImplementedError,
     ImportError,
 )
+
+
+def is_programming_error(exc: BaseException) -> bool:
+    """A programming error, or an exception group (from a TaskGroup inside an environment,
+    backend or restore function) that holds one: either must propagate, not be recorded.
+    """
+    if isinstance(exc, PROGRAMMING_ERRORS):
+        return True
+    return isinstance(exc, BaseExceptionGroup) and exc.subgroup(PROGRAMMING_ERRORS) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +85,19 @@ class Rollout:
         if system_prompt:
             self.messages.append(ChatMessage(role="system", content=system_prompt))
         self.messages.append(ChatMessage(role="user", content=state.observation.text))
+        if self.pending_action is not None and state.done:
+            # Dropping the forced action would return an empty trajectory that looks like a
+            # clean Q(s, a) sample of 0 although ``a`` was never taken.
+            self.pending_action = None
+            self.fail(
+                EnvError(
+                    f"cannot apply the forced action {self.spec.forced_action!r}: the start "
+                    f"state (episode {state.episode_id!r}, step {state.step}) is already "
+                    f"{'terminated' if state.terminated else 'truncated'}"
+                ),
+                "step",
+            )
+            return
         self.check_stop(env_max_steps=None)
 
     def request(self, builder: PromptBuilder | None) -> GenerationRequest:

@@ -265,3 +265,70 @@ async def test_unknown_task_is_recorded_on_its_trajectory() -> None:
     assert trajs[0].success
     assert trajs[1].error is not None and trajs[1].error.phase == "reset"
     assert "unknown task 99" in trajs[1].error.message
+
+
+async def test_async_policy_errors_keep_their_type() -> None:
+    async def failing(request: GenerationRequest) -> str:
+        raise LlenvsError("server went away")
+
+    runner = TrajectoryRunner(environment=ChainEnv(), backend=ScriptedBackend(failing))
+    [traj] = await runner.run_batch([0])
+    assert traj.error is not None and traj.error.phase == "generate"
+    assert traj.error.type == "LlenvsError" and traj.error.message == "server went away"
+
+    async def buggy(request: GenerationRequest) -> str:
+        raise TypeError("bug in my async policy")
+
+    runner = TrajectoryRunner(environment=ChainEnv(), backend=ScriptedBackend(buggy))
+    with pytest.raises(TypeError, match="bug in my async policy"):
+        await runner.run_batch([0, 1])
+
+
+async def test_programming_error_inside_an_exception_group_propagates(
+    counter_factory, tracker
+) -> None:  # type: ignore[no-untyped-def]
+    # An environment that fans out with a TaskGroup raises groups; a TypeError inside
+    # one is still a bug in the caller's code and must not be recorded as data.
+    class FanOut(CounterEnv):
+        async def _step(self, state, action):  # type: ignore[no-untyped-def]
+            if action.text == "boom":
+                raise ExceptionGroup("fan-out", [OSError("disk"), TypeError("bad arg")])
+            if action.text == "flaky":
+                raise ExceptionGroup("fan-out", [OSError("disk")])
+            return await super()._step(state, action)
+
+    async def factory() -> CounterEnv:
+        return FanOut(tracker=tracker)
+
+    runner = TrajectoryRunner(
+        environment=CounterEnv(), backend=ScriptedBackend(lambda r: "flaky"), env_factory=factory
+    )
+    [traj] = await runner.run_batch([1])
+    assert traj.error is not None and traj.error.type == "ExceptionGroup"  # data: no bug in it
+
+    runner = TrajectoryRunner(
+        environment=CounterEnv(), backend=ScriptedBackend(lambda r: "boom"), env_factory=factory
+    )
+    with pytest.raises(ExceptionGroup) as info:
+        await runner.run_batch([1, 1])
+    assert info.value.subgroup(TypeError) is not None  # the bug is not hidden behind OSError
+    assert tracker.live == 0
+
+
+async def test_forced_action_on_a_terminal_state_is_a_recorded_error(counter_factory) -> None:  # type: ignore[no-untyped-def]
+    env = ArithmeticEnv()
+    s = await env.reset(0)
+    done = (await env.step(s, Action(text=str(s.hidden)))).next_state
+    backend = RecordingBackend(ScriptedBackend(lambda r: "0"))
+    runner = TrajectoryRunner(environment=env, backend=backend)
+    trajs = await runner.run_batch_from_state_actions([done, s], ["1", str(s.hidden)])
+    # never silently dropped: an empty error-free trajectory would read as Q(s, a) = 0
+    assert trajs[0].error is not None and "forced action" in trajs[0].error.message
+    assert len(trajs[0]) == 0 and trajs[0].stop_reason == "error"
+    assert trajs[1].success and backend.calls == []
+
+    counter = CounterEnv()
+    end = (await counter.step(await counter.reset(0), Action(text="submit"))).next_state
+    runner = TrajectoryRunner(environment=counter, backend=backend, env_factory=counter_factory())
+    [traj] = await runner.run_batch_from_state_actions([end], ["inc"])
+    assert traj.error is not None and traj.stop_reason == "error"

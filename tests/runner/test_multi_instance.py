@@ -197,3 +197,16 @@ async def test_runner_closes_a_restore_fn_that_holds_resources() -> None:
     assert restore.closed == 1
     with pytest.raises(ClosedError):
         await runner.run_batch([0])
+
+
+async def test_concurrent_runs_on_one_shared_stateful_instance_take_turns(tracker) -> None:  # type: ignore[no-untyped-def]
+    env = CounterEnv(tracker=tracker, latency=0.001)
+    s2 = await _saved_state(env, 2, ["inc"])
+    s3 = await _saved_state(env, 3, [])
+    runner = TrajectoryRunner(environment=env, backend=ScriptedBackend(counter_policy))
+    a, b = await asyncio.gather(
+        runner.run_batch_from_states([s2] * 2), runner.run_batch_from_states([s3] * 2)
+    )
+    assert all(t.success for t in a + b)  # no StaleStateError from interleaved runs
+    assert [len(t) for t in a] == [2, 2] and [len(t) for t in b] == [4, 4]
+    assert tracker.peak_in_step == 1

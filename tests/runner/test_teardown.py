@@ -213,3 +213,60 @@ def test_ctrl_c_closes_every_instance() -> None:
 
 def test_instance_tracker_is_exported() -> None:
     assert InstanceTracker().live == 0 and Action(text="x").text == "x"
+
+
+async def test_close_started_inside_a_round_survives_cancellation(tracker) -> None:  # type: ignore[no-untyped-def]
+    # Rollout 0 finishes in round 1 and starts closing while rollout 1's step hangs; the
+    # run is cancelled mid-close. asyncio's TaskGroup cancels its children natively,
+    # which an anyio shield alone does not stop: the close must still complete.
+    closing = asyncio.Event()
+
+    class SlowCloseHangingStep(CounterEnv):
+        async def _step(self, state, action):  # type: ignore[no-untyped-def]
+            if action.text == "hang":
+                await asyncio.Event().wait()
+            return await super()._step(state, action)
+
+        async def _aclose(self) -> None:
+            closing.set()
+            await asyncio.sleep(0.05)
+            await super()._aclose()
+
+    async def factory() -> CounterEnv:
+        return SlowCloseHangingStep(tracker=tracker)
+
+    runner = TrajectoryRunner(
+        environment=CounterEnv(),
+        backend=ScriptedBackend(lambda r: "submit" if r.rollout_index == 0 else "hang"),
+        env_factory=factory,
+    )
+    task = asyncio.create_task(runner.run_batch([0, 0]))
+    await asyncio.wait_for(closing.wait(), timeout=5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert tracker.created == 2 and tracker.live == 0
+    assert runner.stats.live_instances == 0
+
+
+async def test_instance_built_while_the_run_is_cancelled_is_closed(tracker) -> None:  # type: ignore[no-untyped-def]
+    # The factory has already created its instance (a container) when the run is
+    # cancelled; the instance must still reach teardown instead of being lost.
+    creating = asyncio.Event()
+
+    async def factory() -> CounterEnv:
+        env = CounterEnv(tracker=tracker)
+        creating.set()
+        await asyncio.sleep(0.05)  # e.g. starting the container
+        return env
+
+    runner = TrajectoryRunner(
+        environment=CounterEnv(), backend=ScriptedBackend(counter_policy), env_factory=factory
+    )
+    task = asyncio.create_task(runner.run_batch([3, 3]))
+    await asyncio.wait_for(creating.wait(), timeout=5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert tracker.created == 2 and tracker.live == 0
+    assert runner.stats.live_instances == 0
