@@ -11,6 +11,7 @@ from typing import Any
 import anyio
 
 from ..env import Environment
+from ..errors import RestoreError
 from ._config import RunConfig
 from ._rollout import Rollout, is_programming_error
 
@@ -41,6 +42,10 @@ async def _prepare_one(
 ) -> None:
     spec = rollout.spec
     phase = "factory"
+    if spec.state is not None and spec.state.done:
+        # Nothing to step: no instance (no container) is needed.
+        rollout.start(spec.state, cfg.system_prompt, cfg.max_steps, None)
+        return
     try:
         async with gate:
             if cfg.multi_instance:
@@ -53,15 +58,23 @@ async def _prepare_one(
             if spec.state is None:
                 phase = "reset"
                 state = await env.reset(spec.task, seed=spec.seed)
-            elif env.pure_step or spec.state.done:
+            elif env.pure_step:
                 state = spec.state
             else:
                 phase = "restore"
                 cfg.stats.restoring += 1
                 cfg.stats.peak_restoring = max(cfg.stats.peak_restoring, cfg.stats.restoring)
+                deadline = asyncio.timeout(cfg.restore_timeout)
                 try:
-                    async with asyncio.timeout(cfg.restore_timeout):
+                    async with deadline:
                         state = await cfg.restore_fn(env, spec.state)
+                except TimeoutError as exc:
+                    if deadline.expired():
+                        raise RestoreError(
+                            f"restore exceeded restore_timeout={cfg.restore_timeout}s",
+                            timeout=cfg.restore_timeout,
+                        ) from exc
+                    raise
                 finally:
                     cfg.stats.restoring -= 1
     except Exception as exc:
@@ -69,7 +82,7 @@ async def _prepare_one(
             raise
         rollout.fail(exc, phase)
         return
-    rollout.start(state, cfg.system_prompt, cfg.max_steps)
+    rollout.start(state, cfg.system_prompt, cfg.max_steps, env.max_steps)
 
 
 async def _create(rollout: Rollout, cfg: RunConfig) -> None:

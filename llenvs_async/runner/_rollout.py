@@ -78,7 +78,13 @@ class Rollout:
     def finished(self) -> bool:
         return self.stop_reason != "unfinished"
 
-    def start(self, state: State, system_prompt: str | None, steps_left: int | None) -> None:
+    def start(
+        self,
+        state: State,
+        system_prompt: str | None,
+        steps_left: int | None,
+        env_max_steps: int | None,
+    ) -> None:
         self.initial_state = self.state = state
         self.pending_action = self.spec.forced_action
         self.steps_left = steps_left
@@ -98,7 +104,7 @@ class Rollout:
                 "step",
             )
             return
-        self.check_stop(env_max_steps=None)
+        self.check_stop(env_max_steps)
 
     def request(self, builder: PromptBuilder | None) -> GenerationRequest:
         assert self.state is not None and self.initial_state is not None

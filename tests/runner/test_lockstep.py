@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from llenvs_async import (
@@ -332,3 +334,15 @@ async def test_forced_action_on_a_terminal_state_is_a_recorded_error(counter_fac
     runner = TrajectoryRunner(environment=counter, backend=backend, env_factory=counter_factory())
     [traj] = await runner.run_batch_from_state_actions([end], ["inc"])
     assert traj.error is not None and traj.stop_reason == "error"
+
+
+async def test_start_state_at_the_env_step_limit_is_not_stepped() -> None:
+    class Unflagged(ChainEnv):
+        async def _reset(self, task, *, seed):  # type: ignore[no-untyped-def]
+            state = await super()._reset(task, seed=seed)
+            return replace(state, step=self.max_steps)  # at the limit but not flagged
+
+    backend = RecordingBackend(ScriptedBackend(lambda r: "right"))
+    runner = TrajectoryRunner(environment=Unflagged(max_steps=2), backend=backend)
+    [traj] = await runner.run_batch([0])
+    assert len(traj) == 0 and traj.stop_reason == "truncated" and backend.calls == []

@@ -210,3 +210,34 @@ async def test_concurrent_runs_on_one_shared_stateful_instance_take_turns(tracke
     assert all(t.success for t in a + b)  # no StaleStateError from interleaved runs
     assert [len(t) for t in a] == [2, 2] and [len(t) for t in b] == [4, 4]
     assert tracker.peak_in_step == 1
+
+
+async def test_terminal_start_state_needs_no_instance(counter_factory, tracker) -> None:  # type: ignore[no-untyped-def]
+    main = CounterEnv()
+    s = await main.reset(0)
+    done = (await main.step(s, Action(text="submit"))).next_state
+    runner = TrajectoryRunner(
+        environment=main, backend=ScriptedBackend(counter_policy), env_factory=counter_factory()
+    )
+    [traj] = await runner.run_batch_from_states([done])
+    assert len(traj) == 0 and traj.stop_reason == "terminated" and tracker.created == 0
+
+
+async def test_restore_timeout_is_a_named_restore_error(tracker) -> None:  # type: ignore[no-untyped-def]
+    async def slow_restore(env, state):  # type: ignore[no-untyped-def]
+        await asyncio.Event().wait()
+
+    async def factory() -> CounterEnv:
+        return CounterEnv(tracker=tracker)
+
+    state = await _saved_state(CounterEnv(), 2, ["inc"])
+    runner = TrajectoryRunner(
+        environment=CounterEnv(),
+        backend=ScriptedBackend(counter_policy),
+        env_factory=factory,
+        restore_fn=slow_restore,
+        restore_timeout=0.05,
+    )
+    [traj] = await runner.run_batch_from_states([state])
+    assert traj.error is not None and traj.error.type == "RestoreError"
+    assert "restore_timeout=0.05" in traj.error.message and tracker.live == 0
