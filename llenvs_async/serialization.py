@@ -196,11 +196,25 @@ def _error(e: ErrorInfo) -> dict[str, Any]:
     return {"type": e.type, "message": e.message, "phase": e.phase, "traceback": e.traceback}
 
 
+def _reward(value: Any) -> float:
+    """A reward as a JSON number: a bool or a numpy scalar is written as the float it means,
+    so that every file the writer accepts can be read back.
+    """
+    if type(value) is float:
+        return value
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise SerializationError(
+            f"Transition.reward: a {type(value).__name__} ({value!r:.60}) is not a number"
+        ) from None
+
+
 def _transition(t: Transition, state: dict[str, Any] | None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "action": _action(t.action),
         "next_state": _state(t.next_state, t.state.actions),
-        "reward": t.reward,
+        "reward": _reward(t.reward),
         "completion": None if t.completion is None else _completion(t.completion),
     }
     if state is not None:
@@ -464,15 +478,17 @@ def _repair_tail(path: Path) -> None:
 
 
 def _iter_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    text = path.read_text(encoding="utf-8")
-    lines = text.split("\n")
-    complete = text.endswith("\n")
+    # Bytes, decoded line by line: a writer killed mid-line may have cut a multi-byte
+    # UTF-8 character, which must count as a truncated last line, not fail the file.
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    complete = data.endswith(b"\n")
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-        except ValueError as exc:
+            record = json.loads(line.decode("utf-8"))
+        except ValueError as exc:  # UnicodeDecodeError included
             if number == len(lines) and not complete:
                 return  # a truncated last line: the writer was killed mid-write
             raise SerializationError(f"{path}:{number}: malformed JSON line ({exc})") from None

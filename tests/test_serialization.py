@@ -303,3 +303,77 @@ def test_malformed_middle_line_is_an_error_with_its_number(tmp_path: Path) -> No
     path.write_text('{"key": 1}\n')
     with pytest.raises(SerializationError, match="no 'trajectory'"):
         read_trajectories(path)
+
+
+def test_last_line_cut_inside_a_multibyte_character_is_truncation(tmp_path: Path) -> None:
+    # ensure_ascii=False: a writer killed mid-line can cut a UTF-8 character in two.
+    path = tmp_path / "out.jsonl"
+    unicode_traj = Trajectory(
+        episode_id="u", initial_state=State(observation=Observation(text="ok ✓✓✓"))
+    )
+    with JsonlWriter(path) as writer:
+        writer.write_trajectory(_traj(0))
+        writer.write_trajectory(unicode_traj)
+    full = path.read_bytes()
+    cut = full.rindex("✓".encode()) + 1  # inside the last check mark
+    path.write_bytes(full[:cut])
+    assert read_trajectories(path) == [_traj(0)]
+    with JsonlWriter(path) as writer:
+        writer.write_trajectory(_traj(1))
+    assert read_trajectories(path) == [_traj(0), _traj(1)]
+
+
+def test_invalid_utf8_in_a_middle_line_is_an_error_with_its_number(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    line = json.dumps({"trajectory": to_dict(_traj(0))}).encode()
+    path.write_bytes(line + b"\n" + b'{"x": "\xe2\x9c"}\n' + line + b"\n")
+    with pytest.raises(SerializationError, match=r"out\.jsonl:2: malformed"):
+        read_jsonl(path)
+
+
+@pytest.mark.parametrize("reward", [True, False, 2, math.inf, -math.inf])
+def test_every_reward_the_writer_accepts_reads_back(tmp_path: Path, reward: Any) -> None:
+    # A user environment may return a bool (``reward=passed``) or an int.
+    s0 = State(observation=Observation(text="a"))
+    s1 = State(observation=Observation(text="b"), step=1, actions=(Action(text="go"),))
+    traj = Trajectory(
+        episode_id="r",
+        initial_state=s0,
+        transitions=(Transition(state=s0, action=Action(text="go"), next_state=s1, reward=reward),),
+    )
+    path = tmp_path / "out.jsonl"
+    with JsonlWriter(path) as writer:
+        writer.write_trajectory(traj)
+    (back,) = read_trajectories(path)
+    assert back == traj
+    assert type(back.transitions[0].reward) is float
+
+
+def test_nan_reward_and_logprobs_survive_a_file(tmp_path: Path) -> None:
+    s0 = State(observation=Observation(text="a"))
+    s1 = State(observation=Observation(text="b"), step=1, actions=(Action(text="go"),))
+    completion = Completion(text="go", token_ids=(1, 2), logprobs=(math.nan, -math.inf))
+    traj = Trajectory(
+        episode_id="n",
+        initial_state=s0,
+        transitions=(
+            Transition(
+                state=s0, action=Action(text="go"), next_state=s1, reward=math.nan,
+                completion=completion,
+            ),
+        ),
+    )  # fmt: skip
+    path = tmp_path / "out.jsonl"
+    with JsonlWriter(path) as writer:
+        writer.write_trajectory(traj)
+    (back,) = read_trajectories(path)
+    assert math.isnan(back.transitions[0].reward)
+    logprobs = back.transitions[0].completion.logprobs  # type: ignore[union-attr]
+    assert logprobs is not None and math.isnan(logprobs[0]) and logprobs[1] == -math.inf
+
+
+def test_a_non_numeric_reward_is_a_clear_error() -> None:
+    s0 = State(observation=Observation(text="a"))
+    bad = Transition(state=s0, action=Action(text="go"), next_state=s0, reward="high")  # type: ignore[arg-type]
+    with pytest.raises(SerializationError, match=r"Transition\.reward"):
+        to_dict(bad)

@@ -7,6 +7,7 @@ import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from enum import StrEnum
+from urllib.parse import urlsplit
 
 import anyio
 
@@ -43,6 +44,13 @@ class BackendOptions:
             raise CliError(f"--epsilon must be in [0, 1], got {self.epsilon}")
         if self.kind is BackendKind.openai and not (self.model and self.base_url):
             raise CliError("--backend openai needs --model and --base-url")
+        if self.kind is BackendKind.openai and self.base_url is not None:
+            url = urlsplit(self.base_url)
+            if url.scheme not in ("http", "https") or not url.netloc:
+                raise CliError(
+                    f"--base-url must be an http(s) URL such as http://127.0.0.1:8000/v1, "
+                    f"got {self.base_url!r}"
+                )
         if self.kind is BackendKind.vllm and not self.model:
             raise CliError("--backend vllm needs --model")
         if self.temperature < 0 or self.max_tokens < 1:

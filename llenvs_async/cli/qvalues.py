@@ -77,6 +77,11 @@ def q_values(
         raise CliError("--rollouts must be >= 2, --n-concurrent and --max-states >= 1")
     if step is not None and step < 0:
         raise CliError(f"--step must be >= 0, got {step}")
+    for flag, target in (("--plot", plot), ("--json", json_out)):
+        if target is not None and not target.parent.is_dir():  # fail before the rollouts
+            raise CliError(
+                f"{flag} {str(target)!r}: directory {str(target.parent)!r} does not exist"
+            )
     records = unique_by_key(load_results(results))
     if not records:
         raise CliError(f"{results} holds no trajectories")

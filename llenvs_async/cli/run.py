@@ -72,7 +72,7 @@ def run(
     try:
         written = run_async(
             lambda: _collect(
-                spec, options, out, skip, tasks or [], limit, rollouts, n_concurrent, quiet
+                spec, options, out, skip, tasks or [], limit, rollouts, n_concurrent, quiet, force
             )
         )
     except KeyboardInterrupt:
@@ -100,8 +100,7 @@ def _existing_keys(
         raise CliError(f"--out {str(out)!r} is a directory")
     if not out.exists() or out.stat().st_size == 0:
         return set()
-    if force:
-        out.unlink()
+    if force:  # replaced only once the run is known to start (see _collect)
         return set()
     if not resume:
         raise CliError(
@@ -124,6 +123,7 @@ async def _collect(
     rollouts: int,
     n_concurrent: int,
     quiet: bool,
+    replace: bool = False,
 ) -> int:
     async with open_source(spec) as source:
         refs = select_tasks(source.tasks, selectors, limit)
@@ -132,6 +132,8 @@ async def _collect(
             return 0
         await source.check()
         async with open_runner(source, options) as runner:
+            if replace:  # --force: the old file goes only once nothing can stop the run
+                await anyio.Path(out).unlink(missing_ok=True)
             with (
                 JsonlWriter(out) as writer,
                 RolloutProgress(

@@ -31,12 +31,18 @@ def _one_line_error(err: str) -> str:
         (["run", "--env", "chain", "--backend", "gpt"], "--backend"),
         (["run", "--env", "chain", "--backend", "openai"], "--model and --base-url"),
         (["run", "--env", "chain", "--backend", "vllm"], "needs --model"),
+        (
+            ["run", "--env", "chain", "--backend", "openai", "--model", "M", "--base-url", "x"],
+            "--base-url must be an http(s) URL",
+        ),
         (["run", "--env", "chain", "-o", "/no/such/dir/r.jsonl"], "does not exist"),
         (["run", "--env", "chain", "-t", "99"], "unknown task '99'"),
         (["run", "--env", "chain", "--retry-failed"], "--retry-failed"),
         (["q-values", "/no/such.jsonl"], "does not exist"),
         (["q-values", "x.jsonl", "-n", "1"], "--rollouts"),
         (["q-values", "x.jsonl", "--step", "-1"], "--step"),
+        (["q-values", "x.jsonl", "--plot", "/no/dir/q.png"], "--plot '/no/dir/q.png'"),
+        (["q-values", "x.jsonl", "--json", "/no/dir/q.json"], "--json '/no/dir/q.json'"),
         (["tasks", "list", "/no/such/tasks"], "no such directory"),
         (["validate-replay", str(EXAMPLE_TASKS), "--task", "nope"], "unknown task 'nope'"),
         (
@@ -64,6 +70,19 @@ def test_existing_output_needs_resume_or_force(cli: Invoke, tmp_path: Path) -> N
     assert "not env chain (--max-steps 4)" in _one_line_error(res.err)
     res = cli("run", "--env", "arithmetic", "--limit", "1", "-o", str(out), "--force", "-q")
     assert res.code == 0
+
+
+def test_force_keeps_the_old_file_when_the_run_cannot_start(cli: Invoke, tmp_path: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    assert cli("run", "--env", "chain", "--limit", "1", "-o", str(out), "-q").code == 0
+    before = out.read_bytes()
+    res = cli("run", "--env", "chain", "-t", "99", "-o", str(out), "--force", "-q")  # a typo
+    assert "unknown task '99'" in _one_line_error(res.err)
+    assert out.read_bytes() == before
+    res = cli("run", "--env", "chain", "-t", "1", "-o", str(out), "--force", "-q")
+    assert res.code == 0, res.err
+    assert out.read_bytes() != before
+    assert out.read_text().count("\n") == 1
 
 
 def test_malformed_results_file_names_the_line(cli: Invoke, tmp_path: Path) -> None:
