@@ -7,6 +7,7 @@ import http.client
 import io
 import json
 import math
+import secrets
 import tarfile
 import time
 from collections.abc import Mapping, Sequence
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..errors import ClosedError, ContainerError
+from ..errors import ClosedError, ContainerError, LlenvsError
 from ._shield import shielded
 from .engine import DockerEngine, translate_errors
 from .output import DEFAULT_MAX_OUTPUT_BYTES, CappedOutput, CommandResult
@@ -33,6 +34,9 @@ __all__ = ["DEFAULT_CAP_DROP", "Container", "ContainerSpec"]
 DEFAULT_CAP_DROP = ("AUDIT_WRITE", "MKNOD", "NET_RAW", "SETFCAP", "SETPCAP", "SYS_CHROOT")
 _GiB = 1 << 30
 _PID_MARK = "__llenvs_pid__"
+# One value per ``Container.create`` call: finds a container whose create request was cut
+# off (timeout) after the daemon made it but before its id came back.
+_CREATE_LABEL = "llenvs.create"
 
 # Signals a process tree from a second exec, using only shell builtins (it must work even
 # when the pids limit is exhausted). Args: SIGNAL ROOT KEEP_ROOT(0/1) MIN_AGE_TICKS(-: all).
@@ -177,8 +181,17 @@ class Container:
     ) -> Container:
         """Create and start a container (never pulls: images must exist locally)."""
         config = spec.to_config(engine.labels)
+        nonce = secrets.token_hex(8)
+        config["Labels"][_CREATE_LABEL] = nonce
         register_backstop(engine.url)
         created: list[str] = []
+
+        async def remove_leftovers() -> None:
+            if not created:  # the create request may have been cut off after the daemon acted
+                found = await engine.list_containers({_CREATE_LABEL: nonce})
+                created.extend(str(item["Id"]) for item in found)
+            for cid in created:
+                await engine.remove_container(cid)
 
         async def create() -> str:
             with translate_errors(f"creating a container from {spec.image!r}", image=spec.image):
@@ -191,8 +204,10 @@ class Container:
         try:
             container_id = await shielded(create(), within=create_timeout)
         except BaseException as exc:
-            for cid in created:
-                await shielded(engine.remove_container(cid), within=remove_timeout)
+            try:
+                await shielded(remove_leftovers(), within=remove_timeout)
+            except (LlenvsError, TimeoutError) as cleanup:  # keep the original error first
+                exc.add_note(f"removing the half-made container failed too: {cleanup!r}")
             if isinstance(exc, TimeoutError):
                 raise ContainerError(
                     f"creating a container from {spec.image!r} took over {create_timeout}s"
@@ -375,7 +390,7 @@ class Container:
         others are never mistaken for ours.
         """
         self._check_open()
-        blank = {OWNER_LABEL: "", OWNER_START_LABEL: "", SESSION_LABEL: ""}
+        blank = {OWNER_LABEL: "", OWNER_START_LABEL: "", SESSION_LABEL: "", _CREATE_LABEL: ""}
         label_line = " ".join(
             f"{json.dumps(k)}={json.dumps(v)}" for k, v in {**blank, **(labels or {})}.items()
         )

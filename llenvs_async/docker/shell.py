@@ -5,6 +5,8 @@ A command is sent as ``{ CMD } </dev/null 2>&1`` plus a line printing a sentinel
 L-line command prints L+1 of them, so L+2 means the shell waits for more input. An
 unfinished block instead hits a syntax error at our ``}``; ``sh -n`` then tells
 incomplete from invalid (run first for shells that drop their input on errors: dash).
+A command can print the marker itself (``echo "$PS2"``): the extra marker counts as a
+prompt only when nothing follows it for ``_PS2_QUIET_S`` (a waiting shell prints nothing).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ _LAUNCH: dict[str, str] = {
     "sh": "exec 2>&1; exec /bin/sh -i",
 }
 _PROBE_LIMIT = 4096
+_PS2_QUIET_S = 0.3  # how long a would-be continuation prompt must stay the last output
 _SYNTAX_ERROR = "syntax error"
 # bash -i without a terminal complains when a foreground child dies of a signal.
 _TTY_NOISE = re.compile(r"^bash: \[\d+: \d+ \(\d+\)\] tcsetattr: Inappropriate ioctl.*\n?", re.M)
@@ -75,6 +78,11 @@ class _Scanner:
         self._marker, self._tag = marker, tag
         self._keep = max(len(marker), len(tag)) - 1
         self._pending = b""
+
+    @property
+    def holds_bytes(self) -> bool:
+        """Whether bytes were received that are not yet returned as events."""
+        return bool(self._pending)
 
     def feed(self, data: bytes) -> list[tuple[int, bytes]]:
         buf = self._pending + data if self._pending else data
@@ -251,20 +259,32 @@ class ShellSession:
     async def _pump(self, p: _Pending) -> None:
         """Read until the sentinel of ``p.target`` arrives."""
         assert self._stream is not None
+        extra = 0  # markers past a complete command's count with nothing after them yet
         while not p.done:
             try:
-                message = await self._stream.read_out()
+                quiet_s = _PS2_QUIET_S if extra and not self._scanner.holds_bytes else None
+                async with asyncio.timeout(quiet_s) as quiet:
+                    message = await self._stream.read_out()
+            except TimeoutError:
+                if quiet.expired():  # a waiting shell: nothing after the prompt
+                    raise _ContinuationPrompt from None
+                raise
             except (OSError, RuntimeError, aiohttp.ClientError) as exc:
                 raise _ShellExited from exc
             if message is None:
                 raise _ShellExited
             for kind, payload in self._scanner.feed(message.data):
+                if kind == _PS2:
+                    if p.ps2_limit is None or p.ps2 + 1 < p.ps2_limit:
+                        p.ps2 += 1
+                    else:
+                        extra += 1
+                    continue
+                if extra:  # output followed: those markers were printed by the command
+                    p.out.feed(self._marker.encode() * extra)
+                    extra = 0
                 if kind == _DATA:
                     p.out.feed(payload)
-                elif kind == _PS2:
-                    p.ps2 += 1
-                    if p.ps2_limit is not None and p.ps2 >= p.ps2_limit:
-                        raise _ContinuationPrompt
                 else:
                     p.on_sentinel(payload.decode("ascii", "replace"))
 

@@ -121,3 +121,23 @@ async def test_aclose_after_the_engine_closed_still_removes(busybox_image: str) 
     await container.aclose()
     async with DockerEngine() as fresh:
         assert await fresh.remove_container(container.id) is False
+
+
+async def test_create_timing_out_mid_request_leaves_no_container(
+    engine: DockerEngine, busybox_image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon made the container but the create call was cut off by ``create_timeout``
+    before returning its id: the container must still be found and removed."""
+    containers = engine.client.containers
+    real_create = containers.create
+
+    async def slow_create(*args: object, **kwargs: object) -> object:
+        await real_create(*args, **kwargs)  # type: ignore[arg-type]
+        await asyncio.sleep(60)  # the response never reaches the caller in time
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(containers, "create", slow_create)
+    with pytest.raises(ContainerError, match="took over"):
+        await Container.create(engine, ContainerSpec(image=busybox_image), create_timeout=1.0)
+    monkeypatch.undo()
+    assert await engine.own_containers() == []

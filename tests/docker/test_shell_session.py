@@ -89,6 +89,22 @@ async def test_unterminated_quote_is_a_continuation_prompt(any_shell: ShellSessi
     assert not after.continuation_prompt
 
 
+async def test_output_repeating_the_ps2_marker_is_not_a_continuation_prompt(
+    any_shell: ShellSession,
+) -> None:
+    """A command may print the shell's PS2 (``echo "$PS2"``, ``set``): that is output,
+    not a prompt; the command is neither reported as discarded nor interrupted."""
+    for command in ('echo "$PS2"; echo after', 'echo "$PS2$PS2$PS2"\necho after'):
+        result = await any_shell.run(command, timeout=10)
+        assert not result.continuation_prompt, (command, result)
+        assert result.exit_code == 0 and not result.shell_restarted, (command, result)
+        assert result.output.endswith("__\nafter\n"), (command, result)
+        assert result.output.startswith("__llps2_"), (command, result)
+    stuck = await any_shell.run('echo "open\necho more')
+    assert stuck.continuation_prompt and "__llps2_" not in stuck.output, stuck
+    assert (await any_shell.run("echo ok")).output == "ok\n"
+
+
 @pytest.mark.parametrize(
     "command",
     ["cat <<EOF\nno terminator", "if true; then\necho never closed", "echo 'one\ntwo", "echo a \\"],
