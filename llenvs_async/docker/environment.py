@@ -37,8 +37,9 @@ def format_observation(result: CommandResult, timeout: float | None = None) -> s
             "the command was discarded]"
         )
     elif result.timed_out:
-        parts.append(f"[command timed out after {timeout}s and was interrupted]")
-    elif result.exit_code != 0:
+        after = f" after {timeout:g}s" if timeout is not None else ""
+        parts.append(f"[command timed out{after} and was interrupted]")
+    elif result.exit_code not in (0, None):
         parts.append(f"[exit code: {result.exit_code}]")
     if result.shell_restarted:
         parts.append("[the shell was restarted: working directory and variables were reset]")

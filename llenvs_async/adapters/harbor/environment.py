@@ -32,6 +32,8 @@ from typing import Any, Literal
 
 from ...docker.container import Container, ContainerSpec
 from ...docker.engine import DockerEngine
+from ...docker.environment import extract_command
+from ...docker.environment import format_observation as shell_observation
 from ...docker.output import CommandResult
 from ...docker.shell import ShellSession
 from ...env import BaseEnvironment, new_episode_id
@@ -57,33 +59,19 @@ __all__ = [
 ]
 
 DATASET_LABEL = "llenvs.harbor.dataset"
-_FENCE_RE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
 _ENV_VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _MIB = 1 << 20
 _VERIFIER_TAIL_CHARS = 4000
 
 
-def parse_command(text: str) -> str:
-    """The content of the first fenced code block in ``text``, else the whole stripped text."""
-    match = _FENCE_RE.search(text)
-    return (match.group(1) if match else text).strip()
+# The content of the first fenced code block in an action's text, else the stripped text:
+# one rule for every shell-task environment.
+parse_command = extract_command
 
 
 def format_observation(result: CommandResult, timeout: float) -> str:
-    """A command's output, with its exit code when non-zero and a note on timeouts."""
-    parts = [result.output.rstrip("\n")] if result.output.strip() else []
-    if result.continuation_prompt:
-        parts.append(
-            "[the shell was left waiting for more input (unterminated quote, heredoc or "
-            "block?); the command was discarded]"
-        )
-    elif result.timed_out:
-        parts.append(f"[command timed out after {timeout:g}s and was interrupted]")
-    elif result.exit_code not in (0, None):
-        parts.append(f"[exit code: {result.exit_code}]")
-    if result.shell_restarted:
-        parts.append("[the shell was restarted: working directory and variables were reset]")
-    return "\n".join(parts) or "(no output)"
+    """The shell layer's observation of a command, never empty (the model must see a reply)."""
+    return shell_observation(result, timeout) or "(no output)"
 
 
 def _resolve_env(env: Mapping[str, str], task: HarborTask) -> dict[str, str]:

@@ -34,7 +34,7 @@ def test_command_is_first_fenced_block_else_whole_text(text: str, command: str) 
         (CommandResult(output="", exit_code=None, timed_out=True), "[command timed out after 5s"),
         (
             CommandResult(output="", exit_code=None, continuation_prompt=True),
-            "[the shell was left waiting for more input",
+            "[the shell was waiting for more input",
         ),
         (
             CommandResult(output="x", exit_code=0, shell_restarted=True),
