@@ -21,6 +21,7 @@ __all__ = [
     "Result",
     "Target",
     "bench_main",
+    "result_markdown",
     "fmt",
     "fmt_spread",
     "machine_info",
@@ -203,8 +204,35 @@ def render_plots(result: Result, out_dir: Path) -> list[Path]:
     return paths
 
 
+def result_markdown(result: Result) -> str:
+    """One benchmark's own report: machine, tables, targets (met or not), notes, parameters."""
+    machine = result["machine"]
+    lines = [
+        f"# {result['benchmark']}",
+        "",
+        f"{result['created']}; {machine['cores']} cores, Python {machine['python']}, "
+        f"Docker {machine['docker']}, {machine['platform']}; load average at the end "
+        f"{machine.get('load_1m_at_end', '?')}; ran {result.get('elapsed_s', '?')} s.",
+        "",
+    ]
+    for spec in result["tables"]:
+        lines += [f"## {spec['title']}", "", "| " + " | ".join(spec["columns"]) + " |"]
+        lines.append("|" + "---|" * len(spec["columns"]))
+        lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in spec["rows"]]
+        lines.append("")
+    lines += ["## Targets", ""]
+    for t in result["targets"]:
+        verdict = "met" if t["met"] else "NOT met"
+        value = f"{t['value']:.3g} {t['unit']}".rstrip()
+        lines.append(f"- {t['name']}: {value} ({t['op']} {t['limit']}): {verdict}")
+    lines += ["", "## Notes", "", *[f"- {note}" for note in result["notes"]], ""]
+    lines += ["## Parameters", "", f"`{json.dumps(result['params'])}`", ""]
+    return "\n".join(lines)
+
+
 def bench_main(run: Callable[[bool], Result], argv: Sequence[str] | None = None) -> Result:
-    """Command line of one benchmark: ``[--quick] [--out DIR]``; writes its JSON and plots."""
+    """Command line of one benchmark: ``[--quick] [--out DIR]``; writes its JSON, its
+    markdown report and its plots."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="results directory")
@@ -213,6 +241,7 @@ def bench_main(run: Callable[[bool], Result], argv: Sequence[str] | None = None)
     result = run(args.quick)
     result["elapsed_s"] = round(time.perf_counter() - started, 2)
     path = write_result(result, args.out)
+    (args.out / f"{result['benchmark']}.md").write_text(result_markdown(result))
     render_plots(result, args.out)
     for target in result["targets"]:
         verdict = "MET" if target["met"] else "NOT MET"

@@ -9,7 +9,6 @@ restored. Run: ``python -m benchmarks.bench_snapshot [--quick]``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 import tempfile
@@ -36,8 +35,7 @@ from llenvs_async.docker import DockerEngine, ensure_base_image
 from llenvs_async.docker.ownership import current_owner
 from llenvs_async.docker.snapshots import list_snapshot_images, remove_image
 
-from ._common import RESULTS_DIR, Result, Target, make_result, plot, render_plots, spread, table
-from ._common import write_result as write_json
+from ._common import Result, Target, bench_main, make_result, plot, spread, table
 
 __all__ = ["main", "run"]
 
@@ -237,47 +235,8 @@ def run(quick: bool = False) -> Result:
     )
 
 
-def markdown(result: Result) -> str:
-    machine = result["machine"]
-    lines = [
-        "# bench_snapshot: snapshot-fork vs concurrent replay",
-        "",
-        f"{result['created']}; {machine['cores']} cores, Python {machine['python']}, "
-        f"Docker {machine['docker']}, {machine['platform']}; ran {result.get('elapsed_s', '?')} s.",
-        "",
-    ]
-    for spec in result["tables"]:
-        lines += [f"## {spec['title']}", "", "| " + " | ".join(spec["columns"]) + " |"]
-        lines.append("|" + "---|" * len(spec["columns"]))
-        lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in spec["rows"]]
-        lines.append("")
-    lines += ["## Targets", ""]
-    for t in result["targets"]:
-        verdict = "met" if t["met"] else "NOT met"
-        lines.append(
-            f"- {t['name']}: {t['value']:.3g}{t['unit']} ({t['op']} {t['limit']}): {verdict}"
-        )
-    lines += ["", "## Notes", "", *[f"- {note}" for note in result["notes"]], ""]
-    lines += ["## Parameters", "", f"`{result['params']}`", ""]
-    return "\n".join(lines)
-
-
 def main(argv: Sequence[str] | None = None) -> Result:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_snapshot")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="results directory")
-    args = parser.parse_args(argv)
-    started = time.perf_counter()
-    result = run(args.quick)
-    result["elapsed_s"] = round(time.perf_counter() - started, 2)
-    path = write_json(result, args.out)
-    (args.out / "bench_snapshot.md").write_text(markdown(result))
-    render_plots(result, args.out)
-    for target in result["targets"]:
-        verdict = "MET" if target["met"] else "NOT MET"
-        print(f"{target['name']}: {target['value']:.4g} {target['op']} {target['limit']} {verdict}")
-    print(f"wrote {path} and bench_snapshot.md in {result['elapsed_s']} s")
-    return result
+    return bench_main(run, argv)
 
 
 if __name__ == "__main__":
