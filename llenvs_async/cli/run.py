@@ -85,6 +85,13 @@ def run(
     records = unique_by_key(load_results(out))
     console.print(summary_table(records, str(out)))
     console.print(f"wrote {written} trajectories to {out} ({len(records)} in the file)")
+    failed = [r.trajectory.error for r in records if r.trajectory.error is not None]
+    if records and len(failed) == len(records):
+        # Failures are data, but a run where nothing worked (server down, bad model name)
+        # must not look like success to a script.
+        first = failed[0]
+        err_console.print(f"every rollout failed; first error: {first.type}: {first.message}")
+        raise typer.Exit(1)
 
 
 def _existing_keys(

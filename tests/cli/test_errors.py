@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import subprocess
 from pathlib import Path
 
@@ -122,3 +123,19 @@ def test_no_docker_engine_is_one_line_and_creates_no_output(
     assert "Docker engine" in _one_line_error(res.err)
     assert not out.exists()
     assert "Docker engine" in _one_line_error(cli("cleanup").err)
+
+
+async def test_a_run_where_every_rollout_failed_exits_non_zero(
+    tmp_path: Path, cli: Invoke
+) -> None:
+    from llenvs_async.testing.openai_server import Fault, serve_openai_compatible
+
+    out = tmp_path / "r.jsonl"
+    async with serve_openai_compatible(faults=[Fault.http_error(400, times=10**6)]) as server:
+        res = await asyncio.to_thread(
+            cli, "run", "--env", "chain", "-o", str(out), "-q", "--backend", "openai",
+            "--model", "fake-model", "--base-url", server.base_url,
+        )  # fmt: skip
+    assert res.code == 1
+    assert "every rollout failed; first error: BackendError" in res.err
+    assert out.read_text().count("\n") == 5  # the failed rollouts are still recorded
