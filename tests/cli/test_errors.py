@@ -125,9 +125,7 @@ def test_no_docker_engine_is_one_line_and_creates_no_output(
     assert "Docker engine" in _one_line_error(cli("cleanup").err)
 
 
-async def test_a_run_where_every_rollout_failed_exits_non_zero(
-    tmp_path: Path, cli: Invoke
-) -> None:
+async def test_a_run_where_every_rollout_failed_exits_non_zero(tmp_path: Path, cli: Invoke) -> None:
     from llenvs_async.testing.openai_server import Fault, serve_openai_compatible
 
     out = tmp_path / "r.jsonl"
