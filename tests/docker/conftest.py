@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
@@ -31,6 +32,13 @@ from llenvs_async.errors import DockerUnavailableError
 ContainerFactory = Callable[..., Awaitable[Container]]
 ShellFactory = Callable[..., Awaitable[ShellSession]]
 _engine_answered: list[str] = []
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited (an orphan's owner, for reaper tests)."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -12,11 +12,7 @@ from typing import Any
 from llenvs_async.docker import Container, ContainerSpec, DockerEngine, reap_orphans
 from llenvs_async.docker.ownership import OWNER_LABEL, OWNER_START_LABEL, SESSION_LABEL
 
-
-def _dead_pid() -> int:
-    child = subprocess.Popen(["true"])
-    child.wait()
-    return child.pid
+from .conftest import dead_pid
 
 
 async def test_reap_orphans_removes_only_containers_of_dead_owners(
@@ -25,10 +21,10 @@ async def test_reap_orphans_removes_only_containers_of_dead_owners(
     host = socket.gethostname()
     me = os.getpid()
     owners = {
-        "dead": {OWNER_LABEL: f"{host}:{_dead_pid()}"},
+        "dead": {OWNER_LABEL: f"{host}:{dead_pid()}"},
         "reused-pid": {OWNER_LABEL: f"{host}:{me}", OWNER_START_LABEL: "1"},
         "live": {OWNER_LABEL: f"{host}:1"},
-        "other-host": {OWNER_LABEL: f"elsewhere.example:{_dead_pid()}"},
+        "other-host": {OWNER_LABEL: f"elsewhere.example:{dead_pid()}"},
         "malformed": {OWNER_LABEL: "no-pid-here"},
     }
     ids: dict[str, str] = {}

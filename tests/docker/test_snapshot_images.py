@@ -18,11 +18,7 @@ from llenvs_async.docker.snapshots import (
     snapshot_labels,
 )
 
-
-def _dead_pid() -> int:
-    child = subprocess.Popen(["true"])
-    child.wait()
-    return child.pid
+from .conftest import dead_pid
 
 
 async def test_reap_removes_only_snapshots_of_dead_owners_and_the_backstop_ours(
@@ -30,8 +26,8 @@ async def test_reap_removes_only_snapshots_of_dead_owners_and_the_backstop_ours(
 ) -> None:
     host = socket.gethostname()
     owners = {
-        "dead": {SNAPSHOT_OWNER_LABEL: f"{host}:{_dead_pid()}", SNAPSHOT_SESSION_LABEL: "dead"},
-        "other-host": {SNAPSHOT_OWNER_LABEL: f"elsewhere.example:{_dead_pid()}"},
+        "dead": {SNAPSHOT_OWNER_LABEL: f"{host}:{dead_pid()}", SNAPSHOT_SESSION_LABEL: "dead"},
+        "other-host": {SNAPSHOT_OWNER_LABEL: f"elsewhere.example:{dead_pid()}"},
         "mine": snapshot_labels("mine", busybox_image),
     }
     ids: dict[str, str] = {}
