@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Sequence
 
-from ..errors import BackendError, StepTimeoutError
+from ..errors import BackendError, EnvError, StepTimeoutError
 from ..types import Action, Trajectory, Transition
 from ._config import RunConfig
 from ._instances import close_instances, close_one, prepare
@@ -117,6 +117,15 @@ async def _step(rollout: Rollout, cfg: RunConfig) -> None:
                 if deadline.expired():  # ours, not a TimeoutError raised by the step itself
                     raise StepTimeoutError(cfg.step_timeout) from exc
                 raise
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is None or task.cancelling():
+            raise  # a real cancellation
+        # A step that leaks CancelledError without being cancelled would otherwise vanish
+        # (a TaskGroup ignores cancelled children) and the rollout would regenerate forever.
+        rollout.fail(
+            EnvError(f"step raised CancelledError without being cancelled: {exc!r}"), "step"
+        )
     except Exception as exc:
         if is_programming_error(exc):
             raise

@@ -346,3 +346,17 @@ async def test_start_state_at_the_env_step_limit_is_not_stepped() -> None:
     runner = TrajectoryRunner(environment=Unflagged(max_steps=2), backend=backend)
     [traj] = await runner.run_batch([0])
     assert len(traj) == 0 and traj.stop_reason == "truncated" and backend.calls == []
+
+
+async def test_a_step_leaking_cancelled_error_is_recorded_not_retried() -> None:
+    import asyncio
+
+    class Leaky(ChainEnv):
+        async def _step(self, state, action):  # type: ignore[no-untyped-def]
+            raise asyncio.CancelledError("leaked from a library")
+
+    backend = RecordingBackend(ScriptedBackend(lambda r: "right"))
+    runner = TrajectoryRunner(environment=Leaky(), backend=backend)
+    [traj] = await runner.run_batch([0])
+    assert traj.error is not None and "without being cancelled" in traj.error.message
+    assert backend.batch_sizes == [1]
