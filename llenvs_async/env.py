@@ -5,8 +5,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Protocol, Self, runtime_checkable
+from typing import Protocol, runtime_checkable
 
+from ._resource import AsyncResource
 from .errors import ClosedError, EnvError, RestoreError, StaleStateError
 from .types import Action, State, StepResult
 
@@ -56,7 +57,7 @@ def new_episode_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
-class BaseEnvironment:
+class BaseEnvironment(AsyncResource):
     """Lifecycle shared by environments: async context manager, idempotent close,
     use-after-close guard and, for non-pure environments, the stale-state guard.
 
@@ -123,18 +124,6 @@ class BaseEnvironment:
             return
         self._closed = True
         await self._aclose()
-
-    async def __aenter__(self) -> Self:
-        self._ensure_open()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def _reset(self, task: int | str | None, *, seed: int | None) -> State:
         raise NotImplementedError

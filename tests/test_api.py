@@ -59,3 +59,21 @@ def test_errors_share_one_root() -> None:
     for name in errors.__all__:
         assert issubclass(getattr(errors, name), llenvs_async.LlenvsError), name
     assert not issubclass(errors.EnvError, EnvironmentError)
+
+
+async def test_resource_owners_share_the_context_manager_rules() -> None:
+    from llenvs_async import ClosedError, ScriptedBackend, TrajectoryRunner
+    from llenvs_async.envs import ChainEnv
+    from llenvs_async.testing import RecordingBackend
+
+    backend = RecordingBackend(ScriptedBackend(lambda r: "right"))
+    async with backend, ChainEnv() as env:
+        runner = TrajectoryRunner(env, backend)
+        async with runner:
+            assert not runner.closed
+    assert backend.closed and backend.inner.closed and env.closed and runner.closed  # type: ignore[attr-defined]
+    for resource in (backend, env, runner):
+        with pytest.raises(ClosedError):
+            async with resource:
+                pass
+        await resource.aclose()  # idempotent

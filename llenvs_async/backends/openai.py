@@ -16,12 +16,13 @@ import os
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from types import MappingProxyType, TracebackType
+from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
 
+from .._resource import AsyncResource
 from ..errors import BackendError, BackendTimeoutError, ClosedError
 from ..types import ChatMessage, Completion, GenerationRequest, SamplingParams
 from ._concurrency import gather_in_order
@@ -43,7 +44,7 @@ _RETRYABLE_STATUS = frozenset({408, 429})
 _SNIPPET = 500
 
 
-class OpenAIBackend:
+class OpenAIBackend(AsyncResource):
     """A ``Backend`` for any OpenAI-compatible server.
 
     ``base_url`` is the API root as OpenAI clients take it (``http://host:8000/v1``);
@@ -217,6 +218,10 @@ class OpenAIBackend:
         ceiling = min(self.max_backoff, self.backoff * 2.0**attempt)
         return ceiling / 2 + self._random.uniform(0, ceiling / 2)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     async def aclose(self) -> None:
         """Close the HTTP client (when we created it); idempotent."""
         if self._closed:
@@ -224,19 +229,6 @@ class OpenAIBackend:
         self._closed = True
         if self._owns_client:
             await self._client.aclose()
-
-    async def __aenter__(self) -> OpenAIBackend:
-        if self._closed:
-            raise ClosedError("OpenAIBackend")
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
 
 def _api_root(base_url: str) -> str:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
-from types import TracebackType
 
+from .._resource import AsyncResource
 from ..errors import BackendError, ClosedError
 from ..types import Completion, GenerationRequest, SamplingParams
 
@@ -15,7 +15,7 @@ __all__ = ["Policy", "ScriptedBackend"]
 Policy = Callable[[GenerationRequest], "str | Completion | Awaitable[str | Completion]"]
 
 
-class ScriptedBackend:
+class ScriptedBackend(AsyncResource):
     """Answers each request with ``policy(request)``; the policy may be sync or async
     and may return a string or a full ``Completion``.
 
@@ -49,19 +49,12 @@ class ScriptedBackend:
             results = [t.result() for t in tasks]
         return [_to_completion(r) for r in results]
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     async def aclose(self) -> None:
         self._closed = True
-
-    async def __aenter__(self) -> ScriptedBackend:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
 
 async def _resolve(result: object) -> object:

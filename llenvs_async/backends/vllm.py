@@ -14,9 +14,9 @@ import inspect
 import logging
 import uuid
 from collections.abc import AsyncGenerator, Sequence
-from types import TracebackType
 from typing import Any, Protocol
 
+from .._resource import AsyncResource
 from ..errors import BackendError, ClosedError
 from ..types import Completion, GenerationRequest, SamplingParams
 from ._concurrency import gather_in_order
@@ -41,7 +41,7 @@ class EngineLike(Protocol):
     def shutdown(self) -> None: ...
 
 
-class VLLMBackend:
+class VLLMBackend(AsyncResource):
     """A ``Backend`` on an in-process ``AsyncLLM``.
 
     Pass a ready ``engine`` (it stays yours: ``aclose`` does not shut it down) or
@@ -156,6 +156,10 @@ class VLLMBackend:
         except Exception as exc:  # the request is being abandoned anyway: log, do not mask
             _log.warning("could not abort vLLM request %s: %r", request_id, exc)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     async def aclose(self) -> None:
         """Shut the engine down if we built it; idempotent."""
         if self._closed:
@@ -163,16 +167,3 @@ class VLLMBackend:
         self._closed = True
         if self._owns_engine:
             self._engine.shutdown()
-
-    async def __aenter__(self) -> VLLMBackend:
-        if self._closed:
-            raise ClosedError("VLLMBackend")
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()

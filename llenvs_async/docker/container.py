@@ -12,9 +12,10 @@ import tarfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from types import MappingProxyType, TracebackType
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
+from .._resource import AsyncResource
 from ..errors import ClosedError, ContainerError, LlenvsError
 from ._shield import shielded
 from .engine import DockerEngine, translate_errors
@@ -154,7 +155,7 @@ class ContainerSpec:
         return config
 
 
-class Container:
+class Container(AsyncResource):
     """A started container owned by this process; ``aclose`` force-removes it (idempotent,
     shielded from cancellation and bounded by ``remove_timeout``).
     """
@@ -426,17 +427,6 @@ class Container:
             raise ContainerError(
                 f"removing container {self.short_id} failed: {exc}", container_id=self.id
             ) from exc
-
-    async def __aenter__(self) -> Container:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"

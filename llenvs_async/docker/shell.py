@@ -16,12 +16,12 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
-from types import TracebackType
 from typing import TYPE_CHECKING, Literal
 
 import aiodocker
 import aiohttp
 
+from .._resource import AsyncResource
 from ..errors import ClosedError, ContainerError, LlenvsError
 from ._shield import shielded
 from .output import DEFAULT_MAX_OUTPUT_BYTES, CappedOutput, CommandResult
@@ -155,7 +155,7 @@ class _Pending:
                 self.rc = int(rest)
 
 
-class ShellSession:
+class ShellSession(AsyncResource):
     """One persistent shell in a container (bash if present, else ``sh``, e.g. busybox);
     cwd, variables and functions persist between (serialized) ``run`` calls.
     """
@@ -456,14 +456,3 @@ class ShellSession:
             return
         self._closed = True
         await shielded(self._kill(), within=30)
-
-    async def __aenter__(self) -> ShellSession:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()

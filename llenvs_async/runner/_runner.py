@@ -6,9 +6,9 @@ import asyncio
 import contextlib
 import inspect
 from collections.abc import AsyncGenerator, Sequence
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
+from .._resource import AsyncResource
 from ..backends.base import Backend
 from ..env import EnvFactory, Environment, RestoreFn, replay_restore
 from ..errors import ClosedError
@@ -20,7 +20,7 @@ from ._rollout import PromptBuilder, RolloutInput
 __all__ = ["TrajectoryRunner"]
 
 
-class TrajectoryRunner:
+class TrajectoryRunner(AsyncResource):
     """Runs batches of rollouts in lockstep: one batched ``generate`` per round, then all
     environment steps concurrently.
 
@@ -78,6 +78,10 @@ class TrajectoryRunner:
         self._shared_env_lock = asyncio.Lock()
         self._closed = False
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     async def aclose(self) -> None:
         """Release resources held by ``restore_fn`` (idempotent)."""
         if self._closed:
@@ -88,17 +92,6 @@ class TrajectoryRunner:
             result = closer()
             if inspect.isawaitable(result):
                 await result
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     @property
     def multi_instance(self) -> bool:

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from types import TracebackType
 
+from .._resource import AsyncResource
 from ..backends.base import Backend
 from ..types import Completion, GenerationRequest, SamplingParams
 
 __all__ = ["RecordingBackend"]
 
 
-class RecordingBackend:
+class RecordingBackend(AsyncResource):
     """Wraps a backend and records each call, so tests can assert "one call per round"."""
 
     def __init__(self, inner: Backend) -> None:
@@ -20,6 +20,7 @@ class RecordingBackend:
         self.params: list[SamplingParams] = []
         self.in_flight = 0
         self.peak_in_flight = 0
+        self._closed = False
 
     @property
     def batch_sizes(self) -> list[int]:
@@ -37,16 +38,12 @@ class RecordingBackend:
         finally:
             self.in_flight -= 1
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         await self.inner.aclose()
-
-    async def __aenter__(self) -> RecordingBackend:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()

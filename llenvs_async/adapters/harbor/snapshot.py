@@ -31,9 +31,8 @@ import shlex
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from types import TracebackType
-from typing import Self
 
+from ..._resource import AsyncResource
 from ...docker._shield import shielded
 from ...docker.engine import DockerEngine
 from ...docker.ownership import new_session_id
@@ -189,7 +188,7 @@ async def apply_shell_state(shell: ShellSession, saved: ShellState) -> None:
     await _run(shell, unset + saved.exports, "re-applying the exported variables")
 
 
-class SnapshotRestore:
+class SnapshotRestore(AsyncResource):
     """A ``RestoreFn`` for ``HarborEnvironment``: replay each distinct state once, fork the rest.
 
     Give it to a runner used as ``async with TrajectoryRunner(..., restore_fn=SnapshotRestore())``
@@ -238,6 +237,10 @@ class SnapshotRestore:
             return await self._replay(harbor_env, state, started, outcome.reason)
         return await self._fork(harbor_env, state, outcome, started)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     async def aclose(self) -> None:
         """Remove every snapshot image (idempotent; shielded from cancellation)."""
         if self._closed:
@@ -254,17 +257,6 @@ class SnapshotRestore:
                 await shielded(engine.aclose(), within=self.timeout)
         if failed:
             raise ContainerError(f"could not remove snapshot images: {'; '.join(failed)}")
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def _key(self, env: HarborEnvironment, state: State) -> _Key:
         _, task = env.dataset.resolve(state.task)
