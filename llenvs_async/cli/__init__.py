@@ -5,6 +5,8 @@ Bad flags, paths and inputs end in ONE line on stderr and a non-zero exit status
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -40,8 +42,16 @@ app.add_typer(tasks_app, name="tasks")
 app.add_typer(images_app, name="images")
 
 
+def _terminate_as_interrupt(signum: int, frame: object) -> None:
+    """Turn SIGTERM (job schedulers, ``timeout``, ``kill``) into SIGINT, so the event loop
+    cancels the run the same graceful way: results kept, every container removed."""
+    os.kill(os.getpid(), signal.SIGINT)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console-script entry point; returns (and exits with) the status code."""
+    if argv is None:  # a real process (not a test calling main(args)): SIGTERM acts as Ctrl-C
+        signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     args = list(sys.argv[1:] if argv is None else argv)
     command = get_command(app)
     try:

@@ -118,8 +118,9 @@ def test_retry_failed_reruns_only_failed_rollouts(tmp_path: Path, cli: Invoke) -
 
 @pytest.mark.docker
 @pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 async def test_sigint_on_harbor_run_leaves_no_container_and_resumes(
-    tmp_path: Path, cli: Invoke, docker_ready: None
+    tmp_path: Path, cli: Invoke, docker_ready: None, signum: int
 ) -> None:
     out = tmp_path / "h.jsonl"
     args = ("run", str(EXAMPLE_TASKS), "-n", "2", "-c", "2", "-o", str(out), "-q")
@@ -132,7 +133,7 @@ async def test_sigint_on_harbor_run_leaves_no_container_and_resumes(
             while not (_complete_lines(out) >= 1 and await containers_of(proc.pid)):
                 assert proc.returncode is None
                 await asyncio.sleep(0.02)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         _, stderr = await asyncio.wait_for(proc.communicate(), 60)
     finally:
         if proc.returncode is None:
