@@ -86,19 +86,33 @@ def build_backend(options: BackendOptions, source: Source) -> Backend:
 
 
 @contextlib.asynccontextmanager
-async def open_runner(source: Source, options: BackendOptions) -> AsyncIterator[TrajectoryRunner]:
-    """A runner over ``source`` with the flags' backend; the backend is closed on exit."""
+async def open_runner(
+    source: Source, options: BackendOptions, *, snapshot: bool = False
+) -> AsyncIterator[TrajectoryRunner]:
+    """A runner over ``source`` with the flags' backend; runner and backend closed on exit.
+
+    ``snapshot``: restore containers by snapshot-fork (``SnapshotRestore``) instead of replay.
+    """
+    restore_fn = source.restore_fn
+    if snapshot:
+        if restore_fn is None:
+            raise CliError("--snapshot needs a container dataset (a Harbor task directory)")
+        from ..adapters.harbor import SnapshotRestore
+
+        restore_fn = SnapshotRestore()
     backend = build_backend(options, source)
     scripted = options.kind is BackendKind.scripted
     prompt = history_prompt(
         instruction=source.instruction, system_prompt=None if scripted else source.system_prompt
     )
+    runner = TrajectoryRunner(
+        source.environment, backend, options.sampling_params,
+        env_factory=source.env_factory, restore_fn=restore_fn,
+        max_steps=source.spec.max_steps, prompt_builder=prompt,
+    )  # fmt: skip
     try:
-        yield TrajectoryRunner(
-            source.environment, backend, options.sampling_params,
-            env_factory=source.env_factory, restore_fn=source.restore_fn,
-            max_steps=source.spec.max_steps, prompt_builder=prompt,
-        )  # fmt: skip
+        yield runner
     finally:
         with anyio.CancelScope(shield=True):
+            await runner.aclose()  # removes snapshot images
             await backend.aclose()

@@ -70,6 +70,12 @@ def q_values(
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Write estimates as JSON.")
     ] = None,
+    snapshot: Annotated[
+        bool,
+        typer.Option(
+            "--snapshot", help="Containers: replay each state once, fork the rest from a commit."
+        ),
+    ] = False,
 ) -> None:
     """Estimate V(s) and Q(s, a) by Monte Carlo rollouts from saved mid-trajectory states."""
     options = opt.backend_options(backend, model, base_url, epsilon, seed, temperature, max_tokens)
@@ -90,7 +96,8 @@ def q_values(
         raise CliError(f"{results} mixes sources: {sorted(s.label for s in sources)}")
     picks = pick_states(records, step=step, tasks=tasks or [], max_states=max_states,
                         extra_actions=tuple(action or ()), file_actions=file_actions)  # fmt: skip
-    rows = run_async(lambda: _estimate(sources.pop(), options, picks, rollouts, n_concurrent))
+    source = sources.pop()
+    rows = run_async(lambda: _estimate(source, options, picks, rollouts, n_concurrent, snapshot))
     console.print(_table(rows))
     if json_out is not None:
         json_out.write_text(json.dumps([_json_row(p, label, e) for p, label, e in rows], indent=1))
@@ -164,11 +171,12 @@ async def _estimate(
     picks: list[StatePick],
     rollouts: int,
     n_concurrent: int,
+    snapshot: bool,
 ) -> list[tuple[StatePick, str, ValueEstimate]]:
     rows: list[tuple[StatePick, str, ValueEstimate]] = []
     async with open_source(spec) as source:
         await source.check()
-        async with open_runner(source, options) as runner:
+        async with open_runner(source, options, snapshot=snapshot) as runner:
             for pick in picks:
                 err_console.print(f"estimating at {pick.title} ({len(pick.actions)} actions)")
                 (value,) = await estimate_values(runner, [pick.state], rollouts, n_concurrent)

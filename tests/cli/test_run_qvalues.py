@@ -1,10 +1,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from llenvs_async.docker.ownership import current_owner
+from llenvs_async.docker.snapshots import SNAPSHOT_OWNER_LABEL
 from llenvs_async.serialization import read_jsonl, read_trajectories
 
 from .conftest import EXAMPLE_TASKS, Invoke
@@ -67,7 +70,10 @@ def test_tasks_list_builtin(cli: Invoke) -> None:
 
 @pytest.mark.docker
 @pytest.mark.slow
-def test_run_then_q_values_on_harbor_tasks(cli: Invoke, tmp_path: Path, docker_ready: None) -> None:
+@pytest.mark.parametrize("restore", [[], ["--snapshot"]], ids=["replay", "snapshot"])
+def test_run_then_q_values_on_harbor_tasks(
+    cli: Invoke, tmp_path: Path, docker_ready: None, restore: list[str]
+) -> None:
     out = tmp_path / "h.jsonl"
     res = cli("run", str(EXAMPLE_TASKS), "-t", "csv-totals", "-t", "organize-files", "-n", "2",
               "-c", "4", "--epsilon", "0.2", "-o", str(out), "-q")  # fmt: skip
@@ -80,8 +86,14 @@ def test_run_then_q_values_on_harbor_tasks(cli: Invoke, tmp_path: Path, docker_r
     assert all(t.final_state.hidden["task_name"] == t.initial_state.task for t in trajs)
     est = tmp_path / "q.json"
     res = cli("q-values", str(out), "-t", "organize-files", "-a", "rm -rf /app/*", "-n", "3",
-              "--json", str(est), "--plot", str(tmp_path / "q.png"))  # fmt: skip
+              "--json", str(est), "--plot", str(tmp_path / "q.png"), *restore)  # fmt: skip
     assert res.code == 0, res.err
     q = {r["action"]: r for r in json.loads(est.read_text()) if r["kind"] == "Q"}
     assert q["rm -rf /app/*"]["mean"] == 0.0 and q["rm -rf /app/*"]["n"] == 3
     assert len(q) >= 2
+    assert all(r["failed"] == 0 for r in json.loads(est.read_text()))
+    mine = f"label={SNAPSHOT_OWNER_LABEL}={current_owner().label}"
+    snapshots = subprocess.run(
+        ["docker", "images", "-q", "--filter", mine], capture_output=True, text=True, check=True
+    ).stdout
+    assert snapshots == ""  # the runner removed its snapshot images on close
