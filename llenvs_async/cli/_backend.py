@@ -75,14 +75,10 @@ def build_backend(options: BackendOptions, source: Source) -> Backend:
         return OpenAIBackend(
             options.base_url, options.model, api_key=os.environ.get("OPENAI_API_KEY")
         )
-    try:
-        from ..backends.vllm import VLLMBackend
+    from ..backends.vllm import VLLMBackend
 
-        return VLLMBackend(model=options.model)
-    except ImportError as exc:
-        raise CliError(
-            f"--backend vllm needs vLLM (pip install 'llenvs-async[vllm]'): {exc}", code=1
-        ) from None
+    # Without vLLM installed this raises BackendError naming the extra to install.
+    return VLLMBackend(model=options.model)
 
 
 @contextlib.asynccontextmanager
