@@ -130,8 +130,7 @@ async def close_one(rollout: Rollout, cfg: RunConfig) -> None:
         return
     rollout.env, rollout.owns_env = None, False
     try:
-        with anyio.CancelScope(shield=True):
-            await _bounded_close(env, cfg.close_timeout)
+        await _bounded_close(env, cfg.close_timeout)
     except Exception:
         # Teardown goes on for the other instances; the failure is logged, not raised.
         _log.warning("closing %r failed", env, exc_info=True)
@@ -147,12 +146,23 @@ async def _bounded_close(env: Environment, limit: float) -> None:
     still interrupt ``aclose`` half-way and leak the instance. So the close runs in its
     own task; cancellations of the caller are held back until it ends, then re-raised.
     """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit
     closer = asyncio.ensure_future(env.aclose())
-    await _wait_shielded(closer, limit)
-    if closer.done() and not closer.cancelled():
-        closer.result()  # a failing aclose is raised here (and logged by close_one)
-    else:
+    try:
+        async with asyncio.timeout_at(deadline):
+            await asyncio.shield(closer)  # the common path: nobody cancels the caller
+        return
+    except TimeoutError:
+        if closer.done():
+            closer.result()  # aclose itself raised TimeoutError: logged by close_one
+        closer.add_done_callback(_consume)
+        closer.cancel()
         _log.warning("closing %r timed out after %ss", env, limit)
+    except asyncio.CancelledError:
+        # The caller is being cancelled: let the close finish (bounded), then go on cancelling.
+        await _wait_shielded(closer, max(deadline - loop.time(), 0.0))
+        raise
 
 
 async def _wait_shielded(fut: asyncio.Future[Any], limit: float) -> None:

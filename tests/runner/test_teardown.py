@@ -270,3 +270,23 @@ async def test_instance_built_while_the_run_is_cancelled_is_closed(tracker) -> N
         await task
     assert tracker.created == 2 and tracker.live == 0
     assert runner.stats.live_instances == 0
+
+
+async def test_closed_after_an_anyio_cancel_scope_expires(tracker) -> None:  # type: ignore[no-untyped-def]
+    import anyio
+
+    class SlowClose(CounterEnv):
+        async def _aclose(self) -> None:
+            await asyncio.sleep(0.05)  # anyio keeps re-delivering the cancellation meanwhile
+            await super()._aclose()
+
+    async def factory() -> CounterEnv:
+        return SlowClose(tracker=tracker, latency=0.01)
+
+    runner = TrajectoryRunner(
+        environment=CounterEnv(), backend=ScriptedBackend(counter_policy), env_factory=factory
+    )
+    with anyio.move_on_after(0.1) as scope:
+        await runner.run_batch([10**6] * 4)
+    assert scope.cancelled_caught
+    assert tracker.created == 4 and tracker.live == 0 and runner.stats.live_instances == 0
