@@ -34,6 +34,9 @@ def _empty() -> Mapping[str, Any]:
     return _EMPTY
 
 
+_KEEP: Any = object()  # State.advance: "carry this field over"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Action:
     """What the agent does: the completion text (environments parse it)."""
@@ -74,6 +77,31 @@ class State:
     def done(self) -> bool:
         return self.terminated or self.truncated
 
+    def advance(
+        self,
+        action: Action,
+        observation: Observation,
+        *,
+        terminated: bool = False,
+        truncated: bool = False,
+        hidden: Any = _KEEP,
+        info: Mapping[str, Any] | object = _KEEP,
+    ) -> State:
+        """The state after ``action``: step + 1 with the provenance (task, episode, action
+        prefix, seed) carried over; ``hidden`` and ``info`` are kept unless given."""
+        return State(
+            observation=observation,
+            task=self.task,
+            step=self.step + 1,
+            episode_id=self.episode_id,
+            actions=(*self.actions, action),
+            terminated=terminated,
+            truncated=truncated,
+            hidden=self.hidden if hidden is _KEEP else hidden,
+            info=self.info if info is _KEEP else info,  # type: ignore[arg-type]
+            seed=self.seed,
+        )
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepResult:
@@ -84,6 +112,19 @@ class StepResult:
     terminated: bool = False
     truncated: bool = False
     info: Mapping[str, Any] = field(default_factory=_empty)
+
+    @classmethod
+    def of(
+        cls, next_state: State, reward: float = 0.0, info: Mapping[str, Any] | None = None
+    ) -> StepResult:
+        """A result whose terminated/truncated flags are ``next_state``'s (they must agree)."""
+        return cls(
+            next_state=next_state,
+            reward=reward,
+            terminated=next_state.terminated,
+            truncated=next_state.truncated,
+            info=_EMPTY if info is None else info,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

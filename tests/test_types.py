@@ -10,6 +10,7 @@ from llenvs_async import (
     Observation,
     SamplingParams,
     State,
+    StepResult,
     Trajectory,
     Transition,
 )
@@ -85,3 +86,23 @@ def test_sampling_params_validation_names_the_field(field: str, value: object) -
 
 def test_sampling_params_stop_becomes_tuple() -> None:
     assert SamplingParams(stop="\n").stop == ("\n",)  # type: ignore[arg-type]
+
+
+def test_advance_carries_provenance_and_keeps_hidden_unless_given() -> None:
+    s = State(
+        observation=Observation(text="s0"), task="t", step=2, episode_id="e",
+        actions=(Action(text="a"),), hidden={"h": 1}, info={"i": 1}, seed=7,
+    )  # fmt: skip
+    b = Action(text="b")
+    nxt = s.advance(b, Observation(text="s1"), truncated=True)
+    assert (nxt.task, nxt.step, nxt.episode_id, nxt.seed) == ("t", 3, "e", 7)
+    assert nxt.actions == (Action(text="a"), b) and s.actions == (Action(text="a"),)
+    assert nxt.hidden == {"h": 1} and nxt.info == {"i": 1} and nxt.truncated
+    other = s.advance(b, Observation(text="s1"), terminated=True, hidden=None, info={})
+    assert other.hidden is None and other.info == {} and other.terminated
+
+
+def test_step_result_of_takes_the_flags_of_its_state() -> None:
+    s = _state(terminated=True)
+    r = StepResult.of(s, 1.0, {"k": "v"})
+    assert r.terminated and not r.truncated and r.reward == 1.0 and r.info == {"k": "v"}

@@ -156,21 +156,13 @@ class DockerEnvironment(BaseEnvironment):
         reward = 0.0
         if terminated or (truncated and self.verify_on_truncation):
             reward, info["verify"] = await self._verify()
-        next_state = State(
-            observation=Observation(text=text, data=dict(info)),
-            task=state.task,
-            step=step,
-            episode_id=state.episode_id,
-            actions=(*state.actions, action),
+        next_state = state.advance(
+            action,
+            Observation(text=text, data=dict(info)),
             terminated=terminated,
             truncated=truncated,
-            seed=state.seed,
-            info=state.info,
         )
-        return StepResult(
-            next_state=next_state, reward=reward, terminated=terminated, truncated=truncated,
-            info=info,
-        )  # fmt: skip
+        return StepResult.of(next_state, reward, info)
 
     async def _verify(self) -> tuple[float, dict[str, Any]]:
         """Run the verify command in a fresh exec; reward 1.0 when it exits 0."""

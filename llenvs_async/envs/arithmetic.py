@@ -52,23 +52,10 @@ class ArithmeticEnv(BaseEnvironment):
         step = state.step + 1
         truncated = not correct and self.max_steps is not None and step >= self.max_steps
         text = "Correct." if correct else ("Wrong." if found else "No integer found.")
-        next_state = State(
-            observation=Observation(text=text),
-            task=state.task,
-            step=step,
-            episode_id=state.episode_id,
-            actions=(*state.actions, action),
-            terminated=correct,
-            truncated=truncated,
-            hidden=state.hidden,
-            seed=state.seed,
+        next_state = state.advance(
+            action, Observation(text=text), terminated=correct, truncated=truncated
         )
-        return StepResult(
-            next_state=next_state,
-            reward=1.0 if correct else 0.0,
-            terminated=correct,
-            truncated=truncated,
-        )
+        return StepResult.of(next_state, 1.0 if correct else 0.0)
 
 
 def _task_index(task: int | str | None, num_tasks: int, seed: int | None) -> int:

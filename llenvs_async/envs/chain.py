@@ -43,25 +43,14 @@ class ChainEnv(BaseEnvironment):
         step = state.step + 1
         terminated = position == length
         truncated = not terminated and self.max_steps is not None and step >= self.max_steps
-        next_state = State(
-            observation=Observation(
-                text=self._describe(position, length), data={"position": position}
-            ),
-            task=state.task,
-            step=step,
-            episode_id=state.episode_id,
-            actions=(*state.actions, action),
+        next_state = state.advance(
+            action,
+            Observation(text=self._describe(position, length), data={"position": position}),
             terminated=terminated,
             truncated=truncated,
             hidden=(position, length),
-            seed=state.seed,
         )
-        return StepResult(
-            next_state=next_state,
-            reward=1.0 if terminated else 0.0,
-            terminated=terminated,
-            truncated=truncated,
-        )
+        return StepResult.of(next_state, 1.0 if terminated else 0.0)
 
     @staticmethod
     def _describe(position: int, length: int) -> str:

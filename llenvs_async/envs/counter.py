@@ -104,19 +104,13 @@ class CounterEnv(BaseEnvironment):
             reward = 1.0 if self._value == target else 0.0
         step = state.step + 1
         truncated = not terminated and self.max_steps is not None and step >= self.max_steps
-        next_state = State(
-            observation=Observation(text=f"Counter is {self._value}.", data={"value": self._value}),
-            task=target,
-            step=step,
-            episode_id=state.episode_id,
-            actions=(*state.actions, action),
+        next_state = state.advance(
+            action,
+            Observation(text=f"Counter is {self._value}.", data={"value": self._value}),
             terminated=terminated,
             truncated=truncated,
-            seed=state.seed,
         )
-        return StepResult(
-            next_state=next_state, reward=reward, terminated=terminated, truncated=truncated
-        )
+        return StepResult.of(next_state, reward)
 
     async def _aclose(self) -> None:
         if self.tracker is not None:

@@ -409,25 +409,15 @@ class HarborEnvironment(BaseEnvironment):
         truncated: bool = False,
         info: Mapping[str, Any],
     ) -> StepResult:
-        next_state = State(
-            observation=Observation(text=text),
-            task=state.task,
-            step=state.step + 1,
-            episode_id=state.episode_id,
-            actions=(*state.actions, action),
+        next_state = state.advance(
+            action,
+            Observation(text=text),
             terminated=terminated,
             truncated=truncated,
             hidden=self._hidden(),
             info=dict(info),
-            seed=state.seed,
         )
-        return StepResult(
-            next_state=next_state,
-            reward=reward,
-            terminated=terminated,
-            truncated=truncated,
-            info=info,
-        )
+        return StepResult.of(next_state, reward, info)
 
     def _hidden(self) -> dict[str, Any]:
         task = self._require_task()
