@@ -13,6 +13,7 @@ __all__ = [
     "BackendTimeoutError",
     "ClosedError",
     "ContainerError",
+    "ContextLengthError",
     "ContinuationPromptError",
     "DockerUnavailableError",
     "EnvError",
@@ -129,6 +130,14 @@ class BackendError(LlenvsError):
 
 class BackendTimeoutError(BackendError):
     """A backend request timed out (after retries)."""
+
+
+class ContextLengthError(BackendError):
+    """A request's prompt (plus ``max_tokens``) does not fit the model's context window.
+
+    Returned per request (in a ``GenerationError``): the rollout stops with
+    ``stop_reason="context_length"``, which is an episode outcome, not a framework error.
+    """
 
 
 class ContainerError(LlenvsError):

@@ -18,6 +18,7 @@ __all__ = [
     "ChatMessage",
     "Completion",
     "ErrorInfo",
+    "GenerationError",
     "GenerationRequest",
     "Observation",
     "SamplingParams",
@@ -169,7 +170,9 @@ class ErrorInfo:
         )
 
 
-StopReason = Literal["terminated", "truncated", "max_steps", "error", "unfinished"]
+StopReason = Literal[
+    "terminated", "truncated", "max_steps", "context_length", "error", "unfinished"
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -268,6 +271,8 @@ class GenerationRequest:
 
     ``prompt_token_ids``, when given, lets a backend skip chat templating.
     ``rollout_index`` is the rollout's input position (for scripted policies and logs).
+    ``seed`` is this request's own sampling seed, derived by the runner from the run's
+    base seed, the rollout's input index and the step (None: the engine's randomness).
     """
 
     messages: tuple[ChatMessage, ...]
@@ -275,3 +280,15 @@ class GenerationRequest:
     rollout_index: int = 0
     step: int = 0
     task: int | str | None = None
+    seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GenerationError:
+    """A backend's per-request failure, returned at a request's position instead of a
+    ``Completion``: only that rollout fails (or, for a ``ContextLengthError``, stops with
+    ``stop_reason="context_length"``); its siblings in the round go on.
+    """
+
+    error: BaseException
+    request_index: int | None = None

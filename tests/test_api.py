@@ -18,6 +18,8 @@ REQUIRED = {
     "SamplingParams",
     "ChatMessage",
     "GenerationRequest",
+    "GenerationError",
+    "ContextLengthError",
     "Environment",
     "BaseEnvironment",
     "EnvFactory",

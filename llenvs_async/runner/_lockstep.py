@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Sequence
 
-from ..errors import BackendError, EnvError, StepTimeoutError
-from ..types import Action, Trajectory, Transition
+from ..errors import BackendError, ContextLengthError, EnvError, StepTimeoutError
+from ..types import Action, GenerationError, Trajectory, Transition
 from ._config import RunConfig
 from ._instances import close_instances, close_one, prepare
 from ._rollout import Rollout, RolloutInput, is_programming_error
@@ -77,8 +77,12 @@ async def _round(active: Sequence[Rollout], cfg: RunConfig) -> None:
 
 
 async def _generate(rollouts: Sequence[Rollout], cfg: RunConfig) -> None:
-    """One backend call for every rollout that needs an action; a failure fails them all."""
-    requests = [r.request(cfg.prompt_builder) for r in rollouts]
+    """One backend call for every rollout that needs an action. A raised error fails them
+    all; a ``GenerationError`` in a request's place fails (or, over the context window,
+    stops) that rollout alone.
+    """
+    base_seed = cfg.sampling_params.seed
+    requests = [r.request(cfg.prompt_builder, base_seed) for r in rollouts]
     cfg.stats.generate_calls += 1
     try:
         completions = await cfg.backend.generate(requests, cfg.sampling_params)
@@ -93,6 +97,12 @@ async def _generate(rollouts: Sequence[Rollout], cfg: RunConfig) -> None:
             rollout.fail(exc, "generate")
         return
     for rollout, completion in zip(rollouts, completions, strict=True):
+        if isinstance(completion, GenerationError):
+            if isinstance(completion.error, ContextLengthError):
+                rollout.stop_reason = "context_length"
+            else:
+                rollout.fail(completion.error, "generate")
+            continue
         rollout.pending_action = Action(text=completion.text)
         rollout.pending_completion = completion
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -20,7 +21,7 @@ from ..types import (
     Transition,
 )
 
-__all__ = ["PromptBuilder", "Rollout", "RolloutInput", "is_programming_error"]
+__all__ = ["PromptBuilder", "Rollout", "RolloutInput", "is_programming_error", "request_seed"]
 
 PromptBuilder = Callable[[State, Sequence[Transition]], Sequence[ChatMessage]]
 """``(initial_state, transitions) -> messages``: replaces the default conversation."""
@@ -43,6 +44,19 @@ def is_programming_error(exc: BaseException) -> bool:
     if isinstance(exc, PROGRAMMING_ERRORS):
         return True
     return isinstance(exc, BaseExceptionGroup) and exc.subgroup(PROGRAMMING_ERRORS) is not None
+
+
+def request_seed(base_seed: int | None, rollout_index: int, step: int) -> int | None:
+    """The sampling seed of rollout ``rollout_index``'s request at ``step``: a stable hash of
+    the three, so rollouts from one state are independent samples and a rerun with the same
+    base seed reproduces them. ``None`` (no base seed) leaves sampling to the engine.
+    """
+    if base_seed is None:
+        return None
+    digest = hashlib.blake2b(
+        f"{base_seed}:{rollout_index}:{step}".encode(), digest_size=8
+    ).digest()
+    return int.from_bytes(digest, "big") & 0x7FFF_FFFF_FFFF_FFFF  # fits a signed int64
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +120,7 @@ class Rollout:
             return
         self.check_stop(env_max_steps)
 
-    def request(self, builder: PromptBuilder | None) -> GenerationRequest:
+    def request(self, builder: PromptBuilder | None, base_seed: int | None) -> GenerationRequest:
         assert self.state is not None and self.initial_state is not None
         if builder is None:
             messages = tuple(self.messages)
@@ -117,6 +131,7 @@ class Rollout:
             rollout_index=self.spec.index,
             step=self.state.step,
             task=self.state.task,
+            seed=request_seed(base_seed, self.spec.index, self.state.step),
         )
 
     def record(
