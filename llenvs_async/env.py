@@ -74,6 +74,7 @@ class BaseEnvironment(AsyncResource):
             self.max_steps = max_steps
         self._closed = False
         self._current: State | None = None
+        self._stepping = False
 
     @property
     def closed(self) -> bool:
@@ -103,20 +104,33 @@ class BaseEnvironment(AsyncResource):
                 f"cannot step from a finished state "
                 f"(episode {state.episode_id!r}, step {state.step})"
             )
-        if not self.pure_step:
-            cur = self._current
-            if cur is None or cur.episode_id != state.episode_id or cur.step != state.step:
-                expected = None if cur is None else (cur.episode_id, cur.step)
-                raise StaleStateError(
-                    f"{type(self).__name__} is not pure: it can only step from its current "
-                    f"state {expected}, got (episode {state.episode_id!r}, step {state.step}); "
-                    "restore a fresh instance instead",
-                    expected=expected,
-                    got=(state.episode_id, state.step),
-                )
-        result = await self._step(state, action)
-        if not self.pure_step:
-            self._current = result.next_state
+        if self.pure_step:
+            return await self._step(state, action)
+        if self._stepping:
+            # Two concurrent steps from one state would both pass the check below and
+            # both claim the same successor: the second is refused while one is in flight.
+            raise StaleStateError(
+                f"{type(self).__name__} is not pure and a step is already in flight "
+                f"(episode {state.episode_id!r}, step {state.step}); use one instance per rollout",
+                expected=None,
+                got=(state.episode_id, state.step),
+            )
+        cur = self._current
+        if cur is None or cur.episode_id != state.episode_id or cur.step != state.step:
+            expected = None if cur is None else (cur.episode_id, cur.step)
+            raise StaleStateError(
+                f"{type(self).__name__} is not pure: it can only step from its current "
+                f"state {expected}, got (episode {state.episode_id!r}, step {state.step}); "
+                "restore a fresh instance instead",
+                expected=expected,
+                got=(state.episode_id, state.step),
+            )
+        self._stepping = True
+        try:
+            result = await self._step(state, action)
+        finally:
+            self._stepping = False
+        self._current = result.next_state
         return result
 
     async def aclose(self) -> None:

@@ -4,8 +4,10 @@
 ``Action``, ``Observation``, ``Completion``, ``Transition``, ``Trajectory`` and
 ``ErrorInfo``. Free-form fields (``hidden``, ``info``, ``Observation.data``,
 ``tool_calls``) must hold JSON values; tuples inside them are tagged so they come
-back as tuples. Inside a trajectory each state stores only the actions it adds to
-the previous state's prefix, so a file grows O(steps), not O(steps^2).
+back as tuples. A state's history (initial observation; per step the action, its
+completion and the observation after) is written in full once per trajectory: a
+successor state that extends it by its transition is marked ``"history": "+1"``, so a
+file grows O(steps), not O(steps^2). Format 1 files (action prefixes only) still read.
 
 A JSONL file holds one record (a JSON object) per line. ``JsonlWriter`` appends
 and flushes one line per record; ``read_jsonl`` skips a truncated last line (a
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType, TracebackType
 from typing import Any, TypeVar, cast, get_args
@@ -26,6 +29,8 @@ from .types import (
     Action,
     Completion,
     ErrorInfo,
+    History,
+    HistoryStep,
     Observation,
     State,
     StopReason,
@@ -43,7 +48,9 @@ __all__ = [
     "to_dict",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+_READABLE_FORMATS = frozenset({1, 2})
+_EXTENDS = "+1"  # next_state.history = state.history + (transition's action, next observation)
 _TUPLE = "__tuple__"
 _STOP_REASONS: frozenset[str] = frozenset(get_args(StopReason))
 
@@ -160,7 +167,39 @@ def _observation(obs: Observation) -> dict[str, Any]:
     return out
 
 
-def _state(state: State, base: tuple[Action, ...] | None = None) -> dict[str, Any]:
+def _history(history: History, base: History | None = None) -> dict[str, Any]:
+    """The history; with ``base`` (the previous state's) only the steps added to it."""
+    steps = list(history)
+    start = 0
+    if base is not None and len(base) <= len(steps) and steps[: len(base)] == list(base):
+        start = len(base)
+    out: dict[str, Any] = {
+        "initial": None if history.initial is None else _observation(history.initial),
+        "extend" if base is not None and start == len(base) else "steps": [
+            {
+                "action": _action(step.action),
+                "observation": None if step.observation is None else _observation(step.observation),
+                "completion": None if step.completion is None else _completion(step.completion),
+            }
+            for step in steps[start:]
+        ],
+    }
+    return out
+
+
+def _extends(t: Transition) -> bool:
+    """Whether ``t.next_state``'s history is ``t.state``'s plus exactly this transition."""
+    history, last = t.next_state.history, t.next_state.history.last
+    return (
+        history.parent is t.state.history
+        and last is not None
+        and last.action == t.action
+        and last.completion == t.completion
+        and last.observation == t.next_state.observation
+    )
+
+
+def _state(state: State, *, extends: bool = False, base: State | None = None) -> dict[str, Any]:
     if state.task is not None and not isinstance(state.task, int | str):
         raise SerializationError(f"State.task: expected int, str or None, got {state.task!r:.60}")
     out: dict[str, Any] = {
@@ -172,11 +211,10 @@ def _state(state: State, base: tuple[Action, ...] | None = None) -> dict[str, An
         "truncated": state.truncated,
         "hidden": _encode_value(state.hidden, "State.hidden"),
         "seed": state.seed,
+        "history": _EXTENDS
+        if extends
+        else _history(state.history, None if base is None else base.history),
     }
-    if base is not None and state.actions[: len(base)] == base:
-        out["actions_extend"] = [_action(a) for a in state.actions[len(base) :]]
-    else:
-        out["actions"] = [_action(a) for a in state.actions]
     if state.info:
         out["info"] = _encode_mapping(state.info, "State.info")
     return out
@@ -193,7 +231,15 @@ def _completion(c: Completion) -> dict[str, Any]:
 
 
 def _error(e: ErrorInfo) -> dict[str, Any]:
-    return {"type": e.type, "message": e.message, "phase": e.phase, "traceback": e.traceback}
+    out: dict[str, Any] = {
+        "type": e.type,
+        "message": e.message,
+        "phase": e.phase,
+        "traceback": e.traceback,
+    }
+    if e.details:
+        out["details"] = _encode_mapping(e.details, "ErrorInfo.details")
+    return out
 
 
 def _reward(value: Any) -> float:
@@ -213,7 +259,7 @@ def _reward(value: Any) -> float:
 def _transition(t: Transition, state: dict[str, Any] | None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "action": _action(t.action),
-        "next_state": _state(t.next_state, t.state.actions),
+        "next_state": _state(t.next_state, extends=_extends(t), base=t.state),
         "reward": _reward(t.reward),
         "completion": None if t.completion is None else _completion(t.completion),
     }
@@ -229,7 +275,9 @@ def _trajectory(traj: Trajectory) -> dict[str, Any]:
     previous = traj.initial_state
     for t in traj.transitions:
         # A transition's state is normally the previous next_state: store it only if not.
-        state = None if t.state == previous else _state(t.state, previous.actions)
+        state = (
+            None if t.state is previous or t.state == previous else _state(t.state, base=previous)
+        )
         steps.append(_transition(t, state))
         previous = t.next_state
     out: dict[str, Any] = {
@@ -287,22 +335,71 @@ def _read_observation(data: Mapping[str, Any], where: str) -> Observation:
     )
 
 
-def _read_state(data: Mapping[str, Any], where: str, base: tuple[Action, ...] = ()) -> State:
-    if "actions_extend" in data:
-        actions = base + _read_actions(_objects(data, "actions_extend", where), where)
-    else:
-        actions = _read_actions(_objects(data, "actions", where), f"{where}.actions")
+def _read_history(data: Any, where: str, previous: State | None) -> History:
+    if not isinstance(data, dict):
+        raise SerializationError(f"{where}: expected an object, got {type(data).__name__}")
+    initial = data.get("initial")
+    steps: list[HistoryStep] = []
+    if "extend" in data:
+        if previous is None:
+            raise SerializationError(f"{where}.extend: outside a trajectory")
+        steps.extend(previous.history)
+    for i, step in enumerate(_objects(data, "extend" if "extend" in data else "steps", where)):
+        at = f"{where}.steps[{i}]"
+        completion = step.get("completion")
+        obs = step.get("observation")
+        action = _read_action(_field(step, "action", dict, at), f"{at}.action")
+        if completion is not None:
+            action = replace(action, completion=_read_completion(completion, f"{at}.completion"))
+        steps.append(
+            HistoryStep(
+                action=action,
+                observation=None if obs is None else _read_observation(obs, f"{at}.observation"),
+            )
+        )
+    first = None if initial is None else _read_observation(initial, f"{where}.initial")
+    return History.of(steps, initial=first)
+
+
+def _read_state(
+    data: Mapping[str, Any],
+    where: str,
+    previous: State | None = None,
+    via: Action | None = None,
+) -> State:
+    """A state; inside a trajectory ``previous`` is the state before it and ``via`` the
+    transition's action (what ``"history": "+1"`` and format 1's ``actions_extend`` add to).
+    """
+    observation = _read_observation(_field(data, "observation", dict, where), where)
+    raw = data.get("history")
+    actions: Any = ()
+    if raw == _EXTENDS:
+        if previous is None or via is None:
+            raise SerializationError(f"{where}.history: {_EXTENDS!r} outside a trajectory")
+        history = previous.history.append(HistoryStep(action=via, observation=observation))
+    elif raw is not None:
+        history = _read_history(raw, f"{where}.history", previous)
+    else:  # format 1: action prefixes only
+        if "actions_extend" in data:
+            base = () if previous is None else tuple(previous.actions)
+            actions = base + _read_actions(_objects(data, "actions_extend", where), where)
+        else:
+            actions = _read_actions(_objects(data, "actions", where), f"{where}.actions")
+        history = History.of([HistoryStep(action=a) for a in actions], initial=None)
+        if not actions:
+            history = History(observation)
     return State(
-        observation=_read_observation(_field(data, "observation", dict, where), where),
+        observation=observation,
         task=_opt(data, "task", (int, str), where),
         step=_field(data, "step", int, where),
         episode_id=_field(data, "episode_id", str, where),
-        actions=actions,
+        actions=history.actions,
         terminated=_field(data, "terminated", bool, where),
         truncated=_field(data, "truncated", bool, where),
         hidden=_decode_value(data.get("hidden")),
         info=_decode_mapping(data, "info", where),
         seed=_opt(data, "seed", int, where),
+        history=history,
     )
 
 
@@ -325,35 +422,39 @@ def _read_error(data: Mapping[str, Any], where: str) -> ErrorInfo:
         message=_field(data, "message", str, where),
         phase=_field(data, "phase", str, where),
         traceback=_field(data, "traceback", str, where),
+        details=_decode_mapping(data, "details", where),
     )
 
 
 def _read_transition(data: Mapping[str, Any], where: str, previous: State | None) -> Transition:
     if "state" in data:
-        base = () if previous is None else previous.actions
-        state = _read_state(_field(data, "state", dict, where), f"{where}.state", base)
+        state = _read_state(_field(data, "state", dict, where), f"{where}.state", previous)
     elif previous is not None:
         state = previous
     else:
         raise SerializationError(f"{where}: missing field 'state'")
-    completion = data.get("completion")
+    raw = data.get("completion")
+    completion = (
+        None if raw is None else _read_completion(_field(data, "completion", dict, where), where)
+    )
+    action = _read_action(_field(data, "action", dict, where), f"{where}.action")
+    if completion is not None:
+        action = replace(action, completion=completion)
     return Transition(
         state=state,
-        action=_read_action(_field(data, "action", dict, where), f"{where}.action"),
+        action=action,
         next_state=_read_state(
-            _field(data, "next_state", dict, where), f"{where}.next_state", state.actions
+            _field(data, "next_state", dict, where), f"{where}.next_state", state, action
         ),
         reward=_number(data, "reward", where),
-        completion=None
-        if completion is None
-        else _read_completion(_field(data, "completion", dict, where), f"{where}.completion"),
+        completion=completion,
         info=_decode_mapping(data, "info", where),
     )
 
 
 def _read_trajectory(data: Mapping[str, Any], where: str) -> Trajectory:
     version = data.get("format", FORMAT_VERSION)
-    if version != FORMAT_VERSION:
+    if version not in _READABLE_FORMATS:
         raise SerializationError(f"{where}: unsupported format version {version!r}")
     initial = _read_state(_field(data, "initial_state", dict, where), f"{where}.initial_state")
     transitions: list[Transition] = []

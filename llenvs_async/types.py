@@ -8,10 +8,10 @@ New fields always get a default so user code constructing these keeps working.
 from __future__ import annotations
 
 import traceback as _traceback
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 __all__ = [
     "Action",
@@ -20,6 +20,8 @@ __all__ = [
     "ErrorInfo",
     "GenerationError",
     "GenerationRequest",
+    "History",
+    "HistoryStep",
     "Observation",
     "SamplingParams",
     "State",
@@ -40,10 +42,15 @@ _KEEP: Any = object()  # State.advance: "carry this field over"
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Action:
-    """What the agent does: the completion text (environments parse it)."""
+    """What the agent does: the completion text (environments parse it).
+
+    ``completion`` is the generation that produced it (set by the runner; None for a
+    forced or replayed action); it is not part of an action's identity (``==``).
+    """
 
     text: str
     tool_calls: tuple[Any, ...] = ()
+    completion: Completion | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,24 +62,211 @@ class Observation:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class HistoryStep:
+    """One step of a state's path: the action (with its ``completion``) and what followed.
+
+    ``observation`` is None when it was never recorded (a state built from a bare
+    action tuple).
+    """
+
+    action: Action
+    observation: Observation | None = None
+
+    @property
+    def completion(self) -> Completion | None:
+        return self.action.completion
+
+
+class History(Sequence[HistoryStep]):
+    """The path from ``reset`` to a state: its ``initial`` observation and every step.
+
+    Persistent: ``append`` is O(1) and shares the parent's nodes, so a state and all its
+    successors hold one chain, never copies of the prefix. ``initial`` is None when unknown.
+    """
+
+    __slots__ = ("_initial", "_last", "_len", "_parent")
+
+    def __init__(self, initial: Observation | None = None) -> None:
+        self._initial = initial
+        self._parent: History | None = None
+        self._last: HistoryStep | None = None
+        self._len = 0
+
+    @classmethod
+    def of(
+        cls, steps: Iterator[HistoryStep] | Sequence[HistoryStep], initial: Observation | None
+    ) -> History:
+        history = cls(initial)
+        for step in steps:
+            history = history.append(step)
+        return history
+
+    @property
+    def initial(self) -> Observation | None:
+        return self._initial
+
+    @property
+    def parent(self) -> History | None:
+        """The history one step shorter (None at the root)."""
+        return self._parent
+
+    @property
+    def last(self) -> HistoryStep | None:
+        return self._last
+
+    @property
+    def complete(self) -> bool:
+        """True when the initial observation and every step's observation are known."""
+        return self._initial is not None and all(s.observation is not None for s in self)
+
+    def append(self, step: HistoryStep) -> History:
+        child = History.__new__(History)
+        child._initial, child._parent, child._last = self._initial, self, step
+        child._len = self._len + 1
+        return child
+
+    @property
+    def actions(self) -> ActionPath:
+        return ActionPath(self)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[HistoryStep]:
+        return iter(self._steps())
+
+    def __reversed__(self) -> Iterator[HistoryStep]:
+        node: History | None = self
+        while node is not None and node._last is not None:
+            yield node._last
+            node = node._parent
+
+    def _steps(self) -> list[HistoryStep]:
+        out = list(self.__reversed__())
+        out.reverse()
+        return out
+
+    @overload
+    def __getitem__(self, index: int) -> HistoryStep: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[HistoryStep, ...]: ...
+    def __getitem__(self, index: int | slice) -> HistoryStep | tuple[HistoryStep, ...]:
+        if isinstance(index, slice):
+            return tuple(self._steps()[index])
+        n = self._len
+        i = index + n if index < 0 else index
+        if not 0 <= i < n:
+            raise IndexError("History index out of range")
+        node = self
+        for _ in range(n - 1 - i):
+            assert node._parent is not None
+            node = node._parent
+        assert node._last is not None
+        return node._last
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, History):
+            return NotImplemented
+        return self is other or (
+            self._len == other._len
+            and self._initial == other._initial
+            and self._steps() == other._steps()
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"History(initial={self._initial!r}, steps={self._len})"
+
+
+class ActionPath(Sequence[Action]):
+    """``State.actions``: a read-only view of a history's actions that compares (and
+    concatenates) like the tuple it replaces, without copying the prefix.
+    """
+
+    __slots__ = ("_history",)
+
+    def __init__(self, history: History) -> None:
+        self._history = history
+
+    @property
+    def history(self) -> History:
+        return self._history
+
+    def __len__(self) -> int:
+        return len(self._history)
+
+    def __iter__(self) -> Iterator[Action]:
+        return (step.action for step in self._history)
+
+    @overload
+    def __getitem__(self, index: int) -> Action: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Action, ...]: ...
+    def __getitem__(self, index: int | slice) -> Action | tuple[Action, ...]:
+        if isinstance(index, slice):
+            return tuple(self)[index]
+        return self._history[index].action
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ActionPath):
+            return self._history is other._history or tuple(self) == tuple(other)
+        if isinstance(other, tuple | list):
+            return len(self) == len(other) and tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __add__(self, other: Sequence[Action]) -> tuple[Action, ...]:
+        return (*self, *other)
+
+    def __radd__(self, other: Sequence[Action]) -> tuple[Action, ...]:
+        return (*other, *self)
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
+
+
+_NO_HISTORY = History()  # State's default: "derive the history from actions/observation"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class State:
     """A point in an episode, carrying its own provenance.
 
     ``task`` is what ``reset`` was called with and ``actions`` the prefix applied
-    since: together they are what replay-based restore needs. ``hidden`` is
-    environment-private data; ``info`` is free-form metadata.
+    since: together they are what replay-based restore needs. ``history`` is the whole
+    path (initial observation; every action, its completion, the observation after),
+    shared with the parent state: it is what the policy saw, so a rollout from a saved
+    state continues with the same context. ``actions`` is that history's action view
+    (a tuple given here is accepted; the history then lacks the observations).
+    ``hidden`` is environment-private data; ``info`` is free-form metadata.
     """
 
     observation: Observation
     task: int | str | None = None
     step: int = 0
     episode_id: str = ""
-    actions: tuple[Action, ...] = ()
+    actions: Sequence[Action] = ()
     terminated: bool = False
     truncated: bool = False
     hidden: Any = None
     info: Mapping[str, Any] = field(default_factory=_empty)
     seed: int | None = None
+    history: History = field(default_factory=lambda: _NO_HISTORY, repr=False)
+
+    def __post_init__(self) -> None:
+        actions, history = self.actions, self.history
+        if type(actions) is ActionPath:
+            if actions.history is history:
+                return  # the hot path: built by ``advance``
+            history = actions.history  # ``actions`` wins (``replace(state, actions=...)``)
+        elif history is _NO_HISTORY or list(history.actions) != list(actions):
+            steps = (HistoryStep(action=a) for a in actions)
+            history = History.of(steps, initial=None if actions else self.observation)
+        object.__setattr__(self, "history", history)
+        object.__setattr__(self, "actions", history.actions)
 
     @property
     def done(self) -> bool:
@@ -88,14 +282,17 @@ class State:
         hidden: Any = _KEEP,
         info: Mapping[str, Any] | object = _KEEP,
     ) -> State:
-        """The state after ``action``: step + 1 with the provenance (task, episode, action
-        prefix, seed) carried over; ``hidden`` and ``info`` are kept unless given."""
+        """The state after ``action``: step + 1 with the provenance (task, episode, history
+        extended by ``action`` and ``observation`` in O(1), seed) carried over; ``hidden``
+        and ``info`` are kept unless given."""
+        history = self.history.append(HistoryStep(action=action, observation=observation))
         return State(
             observation=observation,
             task=self.task,
             step=self.step + 1,
             episode_id=self.episode_id,
-            actions=(*self.actions, action),
+            actions=history.actions,
+            history=history,
             terminated=terminated,
             truncated=truncated,
             hidden=self.hidden if hidden is _KEEP else hidden,
@@ -159,15 +356,33 @@ class ErrorInfo:
     message: str
     phase: str = "step"
     traceback: str = ""
+    details: Mapping[str, Any] = field(default_factory=_empty)
 
     @classmethod
     def from_exception(cls, exc: BaseException, *, phase: str) -> ErrorInfo:
+        """Record ``exc``; an ``LlenvsError``'s structured fields (status, body, container
+        id, ...) are kept in ``details`` as JSON values (others as their ``repr``)."""
+        raw = getattr(exc, "details", None)
+        details = (
+            MappingProxyType({str(k): _json_safe(v) for k, v in raw.items()})
+            if isinstance(raw, Mapping) and raw
+            else _EMPTY
+        )
         return cls(
             type=type(exc).__name__,
             message=str(exc),
             phase=phase,
             traceback="".join(_traceback.format_exception(exc)),
+            details=details,
         )
+
+
+def _json_safe(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, tuple | list):
+        return [_json_safe(v) for v in value]
+    return repr(value)
 
 
 StopReason = Literal[

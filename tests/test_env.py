@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from llenvs_async import Action, ClosedError, RestoreError, StaleStateError, replay_restore
@@ -91,3 +93,23 @@ async def test_unknown_task_is_a_clear_error(task: object) -> None:
 def test_bad_max_steps() -> None:
     with pytest.raises(ValueError, match="max_steps"):
         ChainEnv(max_steps=0)
+
+
+async def test_concurrent_steps_on_a_non_pure_env_are_refused() -> None:
+    """Two steps from one state in flight together: one wins, the other is refused
+    (both used to pass the stale check and claim the same successor)."""
+    env = CounterEnv(latency=0.01)
+    state = await env.reset(3)
+    results = await asyncio.gather(
+        env.step(state, Action(text="inc")),
+        env.step(state, Action(text="inc")),
+        return_exceptions=True,
+    )
+    ok = [r for r in results if not isinstance(r, BaseException)]
+    refused = [r for r in results if isinstance(r, StaleStateError)]
+    assert len(ok) == 1 and len(refused) == 1
+    assert "in flight" in str(refused[0])
+    assert ok[0].next_state.observation.text == "Counter is 1."
+    # the environment is usable afterwards, from its (one) current state
+    nxt = await env.step(ok[0].next_state, Action(text="inc"))
+    assert nxt.next_state.observation.text == "Counter is 2."

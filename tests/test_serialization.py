@@ -175,6 +175,57 @@ async def test_real_runner_trajectories_round_trip_and_share_states() -> None:
             assert cur.state is prev.next_state
 
 
+async def test_history_round_trips_with_completions_and_shares_structure() -> None:
+    env = ChainEnv(num_tasks=1, max_steps=6)
+    completion = Completion(text="right", token_ids=(7, 8), logprobs=(-0.5, -0.25))
+    runner = TrajectoryRunner(env, ScriptedBackend(lambda r: completion))
+    [traj] = await runner.run_batch([0])
+    final = traj.final_state
+    assert final.history.complete and len(final.history) == len(traj) > 1
+    assert [s.completion for s in final.history] == [completion] * len(traj)
+    back = _through_json(traj)
+    assert back.final_state.history == final.history
+    assert [s.completion for s in back.final_state.history] == [completion] * len(traj)
+    # decoded histories share structure: each next_state extends its state's history
+    for t in back.transitions:
+        assert t.next_state.history.parent is t.state.history
+        assert t.action.completion == completion
+    # and a trajectory that starts mid-way keeps the full saved history
+    [later] = await runner.run_batch_from_states([traj.states[2]])
+    again = _through_json(later)
+    assert again.initial_state.history == traj.states[2].history
+    assert len(again.final_state.history) == len(later.final_state.history)
+
+
+def test_format_1_files_still_read() -> None:
+    old = {
+        "format": 1,
+        "episode_id": "e",
+        "initial_state": {
+            "observation": {"text": "o"}, "task": 0, "step": 0, "episode_id": "e",
+            "terminated": False, "truncated": False, "hidden": None, "seed": None, "actions": [],
+        },
+        "transitions": [
+            {
+                "action": {"text": "a"},
+                "next_state": {
+                    "observation": {"text": "p"}, "task": 0, "step": 1, "episode_id": "e",
+                    "terminated": True, "truncated": False, "hidden": None, "seed": None,
+                    "actions_extend": [{"text": "a"}],
+                },
+                "reward": 1.0,
+                "completion": None,
+            }
+        ],
+        "error": None,
+        "index": 0,
+        "stop_reason": "terminated",
+    }  # fmt: skip
+    traj = from_dict(Trajectory, old)
+    assert traj.final_state.actions == (Action(text="a"),)
+    assert traj.total_reward == 1.0
+
+
 def test_file_size_grows_linearly_with_steps() -> None:
     def traj_of(n: int) -> Trajectory:
         state = State(observation=Observation(text="o"))

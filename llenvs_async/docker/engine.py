@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterable, Iterator, Mapping
 from contextlib import contextmanager
 from types import TracebackType
@@ -39,6 +40,30 @@ def translate_errors(
         raise DockerUnavailableError(
             f"{action} failed: Docker engine unreachable ({exc})", container_id=container_id
         ) from exc
+    except (AssertionError, AttributeError, TypeError) as exc:
+        if not raised_inside_client(exc):
+            raise  # our own (or the caller's) programming error: it must propagate
+        # aiodocker/aiohttp assert on states they reach under load or a dropped connection
+        # (e.g. "assert self._paused" in a stream): a failure of the client, not a bug of
+        # the caller, so it is recorded on the rollout like any other Docker failure.
+        raise ContainerError(
+            f"{action} failed inside the Docker client: {type(exc).__name__}: {exc}",
+            container_id=container_id,
+        ) from exc
+
+
+_CLIENT_PACKAGES = (f"{os.sep}aiodocker{os.sep}", f"{os.sep}aiohttp{os.sep}")
+
+
+def raised_inside_client(exc: BaseException) -> bool:
+    """Whether the innermost frame of ``exc``'s traceback is in aiodocker or aiohttp."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    filename = tb.tb_frame.f_code.co_filename
+    return any(part in filename for part in _CLIENT_PACKAGES)
 
 
 def split_image_ref(ref: str) -> tuple[str, str]:

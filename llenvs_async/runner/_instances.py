@@ -13,7 +13,7 @@ import anyio
 from ..env import Environment
 from ..errors import RestoreError
 from ._config import RunConfig
-from ._rollout import Rollout, is_programming_error
+from ._rollout import Rollout, is_programming_error, with_saved_history
 
 __all__ = ["close_instances", "prepare"]
 
@@ -68,6 +68,7 @@ async def _prepare_one(
                 try:
                     async with deadline:
                         state = await cfg.restore_fn(env, spec.state)
+                    state = with_saved_history(state, spec.state)
                 except TimeoutError as exc:
                     if deadline.expired():
                         raise RestoreError(

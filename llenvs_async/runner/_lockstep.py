@@ -103,7 +103,7 @@ async def _generate(rollouts: Sequence[Rollout], cfg: RunConfig) -> None:
             else:
                 rollout.fail(completion.error, "generate")
             continue
-        rollout.pending_action = Action(text=completion.text)
+        rollout.pending_action = Action(text=completion.text, completion=completion)
         rollout.pending_completion = completion
 
 

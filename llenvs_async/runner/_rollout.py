@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..env import Environment, new_episode_id
 from ..errors import EnvError
@@ -21,10 +21,22 @@ from ..types import (
     Transition,
 )
 
-__all__ = ["PromptBuilder", "Rollout", "RolloutInput", "is_programming_error", "request_seed"]
+__all__ = [
+    "PromptBuilder",
+    "Rollout",
+    "RolloutInput",
+    "conversation",
+    "is_programming_error",
+    "request_seed",
+    "with_saved_history",
+]
 
 PromptBuilder = Callable[[State, Sequence[Transition]], Sequence[ChatMessage]]
-"""``(initial_state, transitions) -> messages``: replaces the default conversation."""
+"""``(initial_state, transitions) -> messages``: replaces the default conversation.
+
+``initial_state.history`` is the path that led to the start state (what the policy saw
+before this rollout); the current state's ``history`` is the whole path.
+"""
 
 # Errors that mean the caller's code is wrong: they propagate instead of being recorded.
 PROGRAMMING_ERRORS: tuple[type[BaseException], ...] = (
@@ -53,10 +65,36 @@ def request_seed(base_seed: int | None, rollout_index: int, step: int) -> int | 
     """
     if base_seed is None:
         return None
-    digest = hashlib.blake2b(
-        f"{base_seed}:{rollout_index}:{step}".encode(), digest_size=8
-    ).digest()
+    digest = hashlib.blake2b(f"{base_seed}:{rollout_index}:{step}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") & 0x7FFF_FFFF_FFFF_FFFF  # fits a signed int64
+
+
+def conversation(state: State) -> list[ChatMessage]:
+    """What the policy saw up to ``state``: ``user`` = the initial observation, then per
+    step ``assistant`` = the action and ``user`` = the observation that followed. Without a
+    complete history (a state built from a bare action tuple) only its observation is known.
+    """
+    history = state.history
+    if not history.complete or len(history) != len(state.actions):
+        return [ChatMessage(role="user", content=state.observation.text)]
+    assert history.initial is not None
+    messages = [ChatMessage(role="user", content=history.initial.text)]
+    for step in history:
+        assert step.observation is not None
+        messages.append(ChatMessage(role="assistant", content=step.action.text))
+        messages.append(ChatMessage(role="user", content=step.observation.text))
+    return messages
+
+
+def with_saved_history(restored: State, saved: State) -> State:
+    """``restored`` carrying ``saved``'s history: a replay re-executes the actions, but
+    the context the policy had is what it originally saw (same actions, same step).
+    """
+    if restored.history is saved.history or restored.step != saved.step:
+        return restored
+    if list(restored.actions) != list(saved.actions):
+        return restored
+    return replace(restored, actions=saved.history.actions, history=saved.history)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +142,7 @@ class Rollout:
         self.steps_left = steps_left
         if system_prompt:
             self.messages.append(ChatMessage(role="system", content=system_prompt))
-        self.messages.append(ChatMessage(role="user", content=state.observation.text))
+        self.messages.extend(conversation(state))
         if self.pending_action is not None and state.done:
             # Dropping the forced action would return an empty trajectory that looks like a
             # clean Q(s, a) sample of 0 although ``a`` was never taken.

@@ -158,10 +158,15 @@ class TrajectoryRunner(AsyncResource):
         self, specs: list[RolloutInput], batch_size: int | None, max_steps: int | None
     ) -> list[Trajectory]:
         results: list[Trajectory | None] = [None] * len(specs)
-        async with contextlib.aclosing(self._iterate(specs, batch_size, max_steps)) as it:
-            async for trajectory in it:
-                assert trajectory.index is not None
-                results[trajectory.index] = trajectory
+        try:
+            async with contextlib.aclosing(self._iterate(specs, batch_size, max_steps)) as it:
+                async for trajectory in it:
+                    assert trajectory.index is not None
+                    results[trajectory.index] = trajectory
+        except BaseException as exc:
+            # A programming error (or a cancellation) must not lose the finished work.
+            _attach_finished(exc, [t for t in results if t is not None], len(specs))
+            raise
         missing = [i for i, t in enumerate(results) if t is None]
         if missing:  # pragma: no cover - every rollout is emitted by construction
             raise RuntimeError(f"internal error: no trajectory for inputs {missing}")
@@ -203,6 +208,19 @@ class TrajectoryRunner(AsyncResource):
             restore_timeout=self.restore_timeout,
             close_timeout=self.close_timeout,
             stats=self.stats,
+        )
+
+
+def _attach_finished(exc: BaseException, done: list[Trajectory], total: int) -> None:
+    """Put the trajectories finished before ``exc`` on it as ``exc.finished_trajectories``."""
+    try:
+        exc.finished_trajectories = tuple(done)  # type: ignore[attr-defined]
+    except AttributeError:  # an exception type with __slots__: keep the note only
+        pass
+    if done:
+        exc.add_note(
+            f"llenvs_async: {len(done)} of {total} rollouts had finished; their trajectories "
+            "are on this exception's `finished_trajectories`"
         )
 
 

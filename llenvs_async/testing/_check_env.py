@@ -94,7 +94,7 @@ def _check_state(state: State, *, step: int, prefix: tuple[Action, ...]) -> None
     _require(isinstance(state, State), f"expected a State, got {type(state).__name__}")
     _require(state.step == step, f"state.step must be {step}, got {state.step}")
     _require(state.actions == prefix, f"state.actions must be the prefix {prefix!r}")
-    _require(isinstance(state.actions, tuple), "state.actions must be a tuple")
+    _require(isinstance(state.actions, Sequence), "state.actions must be a sequence")
 
 
 def _require(ok: bool, message: str) -> None:

@@ -67,7 +67,7 @@ async def test_restored_instances_start_from_the_saved_state(counter_factory, tr
     seen: list[str] = []
 
     def policy(request):  # type: ignore[no-untyped-def]
-        seen.append(request.messages[0].content)
+        seen.append(request.messages[-1].content)
         return "submit"
 
     runner = TrajectoryRunner(
@@ -79,6 +79,45 @@ async def test_restored_instances_start_from_the_saved_state(counter_factory, tr
     # the restored episode is the fresh instance's, not the saved one
     assert all(t.initial_state.episode_id != state.episode_id for t in trajs)
     assert tracker.resets == 2 and tracker.steps == 2 * 2 + 2
+
+
+@pytest.mark.parametrize("k", [0, 1, 3])
+async def test_restored_rollout_sends_the_original_conversation(counter_factory, k) -> None:  # type: ignore[no-untyped-def]
+    """The first request after restoring step k equals the original request at step k,
+    message for message (system prompt, instruction, every action and observation)."""
+    original: list[tuple[int, tuple]] = []  # type: ignore[type-arg]
+
+    def policy(request):  # type: ignore[no-untyped-def]
+        original.append((request.step, request.messages))
+        return counter_policy(request)
+
+    runner = TrajectoryRunner(
+        environment=CounterEnv(),
+        backend=ScriptedBackend(policy),
+        env_factory=counter_factory(),
+        system_prompt="You count.",
+    )
+    [traj] = await runner.run_batch([5])
+    assert traj.success and len(traj) == 6
+    sent_at = dict(original)
+    saved = traj.states[k]
+    assert saved.history.complete and len(saved.history) == k
+
+    restored_first: list[tuple] = []  # type: ignore[type-arg]
+
+    def record(request):  # type: ignore[no-untyped-def]
+        restored_first.append(request.messages)
+        return "submit"
+
+    runner.backend = ScriptedBackend(record)
+    [again] = await runner.run_batch_from_states([saved], max_steps=1)
+    assert again.error is None
+    assert restored_first[0] == sent_at[k]
+    assert restored_first[0][0].role == "system" and "Reach 5" in restored_first[0][1].content
+    assert len(restored_first[0]) == 2 + 2 * k
+    # the restored trajectory carries the saved history, extended by its own step
+    assert again.initial_state.history is saved.history
+    assert again.final_state.history.parent is saved.history
 
 
 async def test_pure_env_bypasses_the_factory() -> None:

@@ -47,6 +47,25 @@ async def test_closed_after_a_programming_error(counter_factory, tracker) -> Non
     assert tracker.created == 4 and tracker.live == 0
 
 
+async def test_a_programming_error_carries_the_finished_trajectories(counter_factory) -> None:  # type: ignore[no-untyped-def]
+    """Chunks of 2: the first chunk (targets 1) finishes, the second hits a bug."""
+
+    def policy(request: GenerationRequest) -> str:
+        if request.rollout_index >= 2:
+            raise TypeError("bug in the policy")
+        return counter_policy(request)
+
+    runner = TrajectoryRunner(
+        environment=CounterEnv(), backend=ScriptedBackend(policy), env_factory=counter_factory()
+    )
+    with pytest.raises(TypeError) as info:
+        await runner.run_batch([1, 1, 5, 5], batch_size=2)
+    done = info.value.finished_trajectories  # type: ignore[attr-defined]
+    assert sorted(t.index for t in done) == [0, 1]
+    assert all(t.success for t in done)
+    assert any("finished_trajectories" in note for note in info.value.__notes__)
+
+
 async def test_closed_after_cancellation_mid_round(counter_factory, tracker) -> None:  # type: ignore[no-untyped-def]
     in_step = asyncio.Event()
     stepping = 0
