@@ -32,20 +32,21 @@ FULL: dict[str, Any] = {
     "length": 10,
     "sweep_rollouts": 300,
     "sweep_lengths": [5, 10, 20, 40, 80],
-    "frames": 2,
+    "frames": 4,
 }
 QUICK: dict[str, Any] = {
     "rollouts": 40,
     "length": 3,
     "sweep_rollouts": 20,
     "sweep_lengths": [2, 4, 8],
-    "frames": 2,
+    "frames": 4,
 }
 LIMIT_BYTES = 4096
 GROWTH_LIMIT = 1.25
 PACKAGE = Path(llenvs_async.__file__).resolve().parent
 CATEGORIES = ("framework", "environment", "backend", "other")
 _OWNERS = ((PACKAGE / "envs", "environment"), (PACKAGE / "backends", "backend"))
+_TYPES = PACKAGE / "types.py"
 
 
 class ProbeBackend(ScriptedBackend):
@@ -80,10 +81,13 @@ async def _run_to_probe(
 
 
 def _category(trace: tracemalloc.Traceback) -> str:
-    """Who allocated: the innermost frame inside llenvs_async decides; none -> other."""
+    """Who allocated: the innermost frame inside llenvs_async decides; none -> other.
+    Value types (``types.py``) are built on behalf of their caller: an environment's
+    ``state.advance`` allocates the state's history node for the environment.
+    """
     for frame in reversed(trace):
         path = Path(frame.filename)
-        if PACKAGE not in path.parents:
+        if PACKAGE not in path.parents or path == _TYPES:
             continue
         for folder, name in _OWNERS:
             if folder in path.parents:
@@ -260,13 +264,15 @@ def run(quick: bool = False) -> Result:
             "Attribution: the innermost llenvs_async frame among the 'frames' innermost of "
             "each allocation's traceback; llenvs_async/envs -> environment, "
             "llenvs_async/backends -> backend, other llenvs_async code -> framework; "
-            "none -> other (asyncio machinery), counted with the framework in the target.",
+            "none -> other (asyncio machinery), counted with the framework in the target. "
+            "Frames in llenvs_async/types.py are skipped: a value is charged to the code "
+            "that builds it (a state's history node to the environment's state.advance).",
             f"Framework: {fw['intercept']:.0f} B + {fw['slope']:.0f} B per step (fit), so "
             f"within {LIMIT_BYTES} B up to T = {(LIMIT_BYTES - fw['intercept']) / fw['slope']:.0f} "
             "steps. Per step: a Transition, an Action, two ChatMessages and list slots.",
-            f"Curvature of the total: {curvature(lengths, totals):.1f} B/step^2, the "
-            "environment's: every State stores a new tuple of all actions so far "
-            "(actions=(*state.actions, action)), 8 bytes per action per state.",
+            f"Curvature of the total: {curvature(lengths, totals):.1f} B/step^2: a state "
+            "links to its parent's history (State.actions is a persistent path, one node "
+            "per step), so no state copies the prefix.",
         ],
         data={"headline": head, "rss_per_rollout": rss, "sweep": sweep, "fits": fits},
     )

@@ -191,7 +191,7 @@ def _extends(t: Transition) -> bool:
     """Whether ``t.next_state``'s history is ``t.state``'s plus exactly this transition."""
     history, last = t.next_state.history, t.next_state.history.last
     return (
-        history.parent is t.state.history
+        history.extends(t.state.history)
         and last is not None
         and last.action == t.action
         and last.completion == t.completion
@@ -376,7 +376,7 @@ def _read_state(
     if raw == _EXTENDS:
         if previous is None or via is None:
             raise SerializationError(f"{where}.history: {_EXTENDS!r} outside a trajectory")
-        history = previous.history.append(HistoryStep(action=via, observation=observation))
+        history = History(previous.history.path.append(via, observation))
     elif raw is not None:
         history = _read_history(raw, f"{where}.history", previous)
     else:  # format 1: action prefixes only
@@ -385,21 +385,19 @@ def _read_state(
             actions = base + _read_actions(_objects(data, "actions_extend", where), where)
         else:
             actions = _read_actions(_objects(data, "actions", where), f"{where}.actions")
-        history = History.of([HistoryStep(action=a) for a in actions], initial=None)
-        if not actions:
-            history = History(observation)
+        steps = [HistoryStep(action=a) for a in actions]
+        history = History.of(steps, initial=None if actions else observation)
     return State(
         observation=observation,
         task=_opt(data, "task", (int, str), where),
         step=_field(data, "step", int, where),
         episode_id=_field(data, "episode_id", str, where),
-        actions=history.actions,
+        actions=history.path,
         terminated=_field(data, "terminated", bool, where),
         truncated=_field(data, "truncated", bool, where),
         hidden=_decode_value(data.get("hidden")),
         info=_decode_mapping(data, "info", where),
         seed=_opt(data, "seed", int, where),
-        history=history,
     )
 
 

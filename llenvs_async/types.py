@@ -8,7 +8,7 @@ New fields always get a default so user code constructing these keeps working.
 from __future__ import annotations
 
 import traceback as _traceback
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, overload
@@ -17,6 +17,7 @@ __all__ = [
     "Action",
     "ChatMessage",
     "Completion",
+    "ActionPath",
     "ErrorInfo",
     "GenerationError",
     "GenerationRequest",
@@ -77,127 +78,56 @@ class HistoryStep:
         return self.action.completion
 
 
-class History(Sequence[HistoryStep]):
-    """The path from ``reset`` to a state: its ``initial`` observation and every step.
+class ActionPath(Sequence[Action]):
+    """The path from ``reset`` to a state, as ``State.actions``: a persistent list (each
+    node links to its parent) that compares and concatenates like the tuple of actions it
+    replaces, and also keeps each step's observation and the initial observation.
 
-    Persistent: ``append`` is O(1) and shares the parent's nodes, so a state and all its
-    successors hold one chain, never copies of the prefix. ``initial`` is None when unknown.
+    ``append`` is O(1) and shares the parent's nodes, so a state and its successors hold
+    one chain, never copies of the prefix. ``State.history`` is the step view of it.
     """
 
-    __slots__ = ("_initial", "_last", "_len", "_parent")
+    __slots__ = ("_action", "_initial", "_len", "_observation", "_parent")
 
     def __init__(self, initial: Observation | None = None) -> None:
         self._initial = initial
-        self._parent: History | None = None
-        self._last: HistoryStep | None = None
+        self._parent: ActionPath | None = None
+        self._action: Action | None = None
+        self._observation: Observation | None = None
         self._len = 0
 
-    @classmethod
-    def of(
-        cls, steps: Iterator[HistoryStep] | Sequence[HistoryStep], initial: Observation | None
-    ) -> History:
-        history = cls(initial)
-        for step in steps:
-            history = history.append(step)
-        return history
+    def append(self, action: Action, observation: Observation | None) -> ActionPath:
+        node = ActionPath.__new__(ActionPath)
+        node._initial, node._parent, node._len = self._initial, self, self._len + 1
+        node._action, node._observation = action, observation
+        return node
 
-    @property
-    def initial(self) -> Observation | None:
-        return self._initial
-
-    @property
-    def parent(self) -> History | None:
-        """The history one step shorter (None at the root)."""
-        return self._parent
-
-    @property
-    def last(self) -> HistoryStep | None:
-        return self._last
-
-    @property
-    def complete(self) -> bool:
-        """True when the initial observation and every step's observation are known."""
-        return self._initial is not None and all(s.observation is not None for s in self)
-
-    def append(self, step: HistoryStep) -> History:
-        child = History.__new__(History)
-        child._initial, child._parent, child._last = self._initial, self, step
-        child._len = self._len + 1
-        return child
-
-    @property
-    def actions(self) -> ActionPath:
-        return ActionPath(self)
-
-    def __len__(self) -> int:
-        return self._len
-
-    def __iter__(self) -> Iterator[HistoryStep]:
-        return iter(self._steps())
-
-    def __reversed__(self) -> Iterator[HistoryStep]:
-        node: History | None = self
-        while node is not None and node._last is not None:
-            yield node._last
+    def _nodes(self) -> list[ActionPath]:
+        """The non-root nodes, oldest first."""
+        out: list[ActionPath] = []
+        node: ActionPath | None = self
+        while node is not None and node._len:
+            out.append(node)
             node = node._parent
-
-    def _steps(self) -> list[HistoryStep]:
-        out = list(self.__reversed__())
         out.reverse()
         return out
 
-    @overload
-    def __getitem__(self, index: int) -> HistoryStep: ...
-    @overload
-    def __getitem__(self, index: slice) -> tuple[HistoryStep, ...]: ...
-    def __getitem__(self, index: int | slice) -> HistoryStep | tuple[HistoryStep, ...]:
-        if isinstance(index, slice):
-            return tuple(self._steps()[index])
+    def _node(self, index: int) -> ActionPath:
         n = self._len
         i = index + n if index < 0 else index
         if not 0 <= i < n:
-            raise IndexError("History index out of range")
+            raise IndexError("index out of range")
         node = self
         for _ in range(n - 1 - i):
             assert node._parent is not None
             node = node._parent
-        assert node._last is not None
-        return node._last
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, History):
-            return NotImplemented
-        return self is other or (
-            self._len == other._len
-            and self._initial == other._initial
-            and self._steps() == other._steps()
-        )
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"History(initial={self._initial!r}, steps={self._len})"
-
-
-class ActionPath(Sequence[Action]):
-    """``State.actions``: a read-only view of a history's actions that compares (and
-    concatenates) like the tuple it replaces, without copying the prefix.
-    """
-
-    __slots__ = ("_history",)
-
-    def __init__(self, history: History) -> None:
-        self._history = history
-
-    @property
-    def history(self) -> History:
-        return self._history
+        return node
 
     def __len__(self) -> int:
-        return len(self._history)
+        return self._len
 
     def __iter__(self) -> Iterator[Action]:
-        return (step.action for step in self._history)
+        return (node._action for node in self._nodes())  # type: ignore[misc]
 
     @overload
     def __getitem__(self, index: int) -> Action: ...
@@ -206,12 +136,14 @@ class ActionPath(Sequence[Action]):
     def __getitem__(self, index: int | slice) -> Action | tuple[Action, ...]:
         if isinstance(index, slice):
             return tuple(self)[index]
-        return self._history[index].action
+        action = self._node(index)._action
+        assert action is not None
+        return action
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, ActionPath):
-            return self._history is other._history or tuple(self) == tuple(other)
-        if isinstance(other, tuple | list):
+        if self is other:
+            return True
+        if isinstance(other, ActionPath | tuple | list):
             return len(self) == len(other) and tuple(self) == tuple(other)
         return NotImplemented
 
@@ -228,7 +160,86 @@ class ActionPath(Sequence[Action]):
         return repr(tuple(self))
 
 
-_NO_HISTORY = History()  # State's default: "derive the history from actions/observation"
+class History(Sequence[HistoryStep]):
+    """``State.history``: the steps of a state's path (a view; nothing is copied).
+
+    ``initial`` is the observation after ``reset`` (None when unknown, as for a state
+    built from a bare action tuple); each step is the action (with its ``completion``)
+    and the observation that followed it.
+    """
+
+    __slots__ = ("_path",)
+
+    def __init__(self, path: ActionPath) -> None:
+        self._path = path
+
+    @classmethod
+    def of(cls, steps: Iterable[HistoryStep], initial: Observation | None) -> History:
+        path = ActionPath(initial)
+        for step in steps:
+            path = path.append(step.action, step.observation)
+        return cls(path)
+
+    @property
+    def path(self) -> ActionPath:
+        return self._path
+
+    @property
+    def initial(self) -> Observation | None:
+        return self._path._initial
+
+    @property
+    def parent(self) -> History | None:
+        """The history one step shorter (None at the root)."""
+        parent = self._path._parent
+        return None if parent is None else History(parent)
+
+    @property
+    def last(self) -> HistoryStep | None:
+        return self[-1] if self._path._len else None
+
+    @property
+    def complete(self) -> bool:
+        """True when the initial observation and every step's observation are known."""
+        return self.initial is not None and all(
+            node._observation is not None for node in self._path._nodes()
+        )
+
+    def extends(self, parent: History) -> bool:
+        """Whether this history is ``parent`` plus one step (sharing its nodes)."""
+        return self._path._parent is parent._path
+
+    def __len__(self) -> int:
+        return self._path._len
+
+    def __iter__(self) -> Iterator[HistoryStep]:
+        return (_step(node) for node in self._path._nodes())
+
+    @overload
+    def __getitem__(self, index: int) -> HistoryStep: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[HistoryStep, ...]: ...
+    def __getitem__(self, index: int | slice) -> HistoryStep | tuple[HistoryStep, ...]:
+        if isinstance(index, slice):
+            return tuple(self)[index]
+        return _step(self._path._node(index))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, History):
+            return NotImplemented
+        return self._path is other._path or (
+            len(self) == len(other) and self.initial == other.initial and list(self) == list(other)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"History(initial={self.initial!r}, steps={len(self)})"
+
+
+def _step(node: ActionPath) -> HistoryStep:
+    assert node._action is not None
+    return HistoryStep(action=node._action, observation=node._observation)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -254,19 +265,19 @@ class State:
     hidden: Any = None
     info: Mapping[str, Any] = field(default_factory=_empty)
     seed: int | None = None
-    history: History = field(default_factory=lambda: _NO_HISTORY, repr=False)
 
     def __post_init__(self) -> None:
-        actions, history = self.actions, self.history
-        if type(actions) is ActionPath:
-            if actions.history is history:
-                return  # the hot path: built by ``advance``
-            history = actions.history  # ``actions`` wins (``replace(state, actions=...)``)
-        elif history is _NO_HISTORY or list(history.actions) != list(actions):
-            steps = (HistoryStep(action=a) for a in actions)
-            history = History.of(steps, initial=None if actions else self.observation)
-        object.__setattr__(self, "history", history)
-        object.__setattr__(self, "actions", history.actions)
+        if type(self.actions) is not ActionPath:  # a tuple: no observations to record
+            path = ActionPath(None if self.actions else self.observation)
+            for action in self.actions:
+                path = path.append(action, None)
+            object.__setattr__(self, "actions", path)
+
+    @property
+    def history(self) -> History:
+        """The path that led here: the initial observation and every step (shared)."""
+        assert type(self.actions) is ActionPath
+        return History(self.actions)
 
     @property
     def done(self) -> bool:
@@ -285,14 +296,13 @@ class State:
         """The state after ``action``: step + 1 with the provenance (task, episode, history
         extended by ``action`` and ``observation`` in O(1), seed) carried over; ``hidden``
         and ``info`` are kept unless given."""
-        history = self.history.append(HistoryStep(action=action, observation=observation))
+        assert type(self.actions) is ActionPath
         return State(
             observation=observation,
             task=self.task,
             step=self.step + 1,
             episode_id=self.episode_id,
-            actions=history.actions,
-            history=history,
+            actions=self.actions.append(action, observation),
             terminated=terminated,
             truncated=truncated,
             hidden=self.hidden if hidden is _KEEP else hidden,

@@ -128,6 +128,7 @@ def test_trajectory_round_trip_is_exact(traj: Trajectory) -> None:
     for a, b in zip(back.states, traj.states, strict=True):
         assert type(a.hidden) is type(b.hidden)
         assert a.actions == b.actions
+        assert a.history == b.history
 
 
 @settings(max_examples=60, deadline=None)
@@ -188,7 +189,7 @@ async def test_history_round_trips_with_completions_and_shares_structure() -> No
     assert [s.completion for s in back.final_state.history] == [completion] * len(traj)
     # decoded histories share structure: each next_state extends its state's history
     for t in back.transitions:
-        assert t.next_state.history.parent is t.state.history
+        assert t.next_state.history.extends(t.state.history)
         assert t.action.completion == completion
     # and a trajectory that starts mid-way keeps the full saved history
     [later] = await runner.run_batch_from_states([traj.states[2]])

@@ -90,11 +90,11 @@ def with_saved_history(restored: State, saved: State) -> State:
     """``restored`` carrying ``saved``'s history: a replay re-executes the actions, but
     the context the policy had is what it originally saw (same actions, same step).
     """
-    if restored.history is saved.history or restored.step != saved.step:
+    if restored.actions is saved.actions or restored.step != saved.step:
         return restored
-    if list(restored.actions) != list(saved.actions):
+    if restored.actions != saved.actions:
         return restored
-    return replace(restored, actions=saved.history.actions, history=saved.history)
+    return replace(restored, actions=saved.actions)
 
 
 @dataclass(frozen=True, slots=True)
