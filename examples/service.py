@@ -3,10 +3,10 @@
     POST /rollouts  {"tasks": [...], "rollouts": 1}  -> {"trajectories": [...], "success": [...]}
     GET  /stats                                       -> concurrency high-water marks
 
-Every request shares ONE limit on live rollouts (= environment instances, i.e.
-containers for Harbor): a request takes slots for a whole chunk at once, so two
-requests can never deadlock holding half a chunk each. Shutdown (lifespan) tears
-down every container this service created.
+Every request shares ONE limit on live environment instances (containers for
+Harbor): the runner's ``instance_limit``. Each request's rollouts take free slots as
+they open up (refill), so concurrent requests share the limit without deadlock.
+Shutdown (lifespan) tears down every container this service created.
 
     python examples/service.py                            # CounterEnv, no Docker needed
     python examples/service.py --harbor examples/tasks    # Harbor tasks in containers
@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,37 +36,11 @@ from llenvs_async.policies import counter_oracle
 from llenvs_async.serialization import to_dict
 
 
-@dataclass(slots=True)
-class Slots:
-    """A shared pool of rollout slots; ``acquire(n)`` takes n at once (no partial holds)."""
-
-    limit: int
-    in_use: int = 0
-    peak: int = 0
-    _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
-
-    @contextlib.asynccontextmanager
-    async def hold(self, n: int) -> AsyncIterator[None]:
-        if not 1 <= n <= self.limit:
-            raise ValueError(f"cannot hold {n} of {self.limit} slots")
-        async with self._changed:
-            await self._changed.wait_for(lambda: self.in_use + n <= self.limit)
-            self.in_use += n
-            self.peak = max(self.peak, self.in_use)
-        try:
-            yield
-        finally:
-            async with self._changed:
-                self.in_use -= n
-                self._changed.notify_all()
-
-
 @dataclass(slots=True, kw_only=True)
 class Rollouts:
-    """The service state: one runner shared by all requests, the slot pool, counters."""
+    """The service state: one runner (with its instance limit) shared by all requests."""
 
     runner: TrajectoryRunner
-    slots: Slots
     requests: int = 0
     peak_requests: int = 0
 
@@ -74,12 +48,7 @@ class Rollouts:
         self.requests += 1
         self.peak_requests = max(self.peak_requests, self.requests)
         try:
-            out = []
-            for start in range(0, len(tasks), self.slots.limit):
-                chunk = list(tasks[start : start + self.slots.limit])
-                async with self.slots.hold(len(chunk)):
-                    out += await self.runner.run_batch(chunk, batch_size=len(chunk))
-            return out
+            return await self.runner.run_batch(tasks)
         finally:
             self.requests -= 1
 
@@ -104,11 +73,12 @@ async def rollouts_endpoint(request: Request) -> JSONResponse:
 
 async def stats_endpoint(request: Request) -> JSONResponse:
     service: Rollouts = request.app.state.rollouts
-    stats = service.runner.stats
+    stats, slots = service.runner.stats, service.runner.instance_slots
+    assert slots is not None
     return JSONResponse(
         {
-            "limit": service.slots.limit,
-            "peak_slots": service.slots.peak,
+            "limit": slots.limit,
+            "peak_slots": slots.peak,
             "live_instances": stats.live_instances,
             "peak_live_instances": stats.peak_live_instances,
             "peak_requests": service.peak_requests,
@@ -128,9 +98,13 @@ def create_app(*, limit: int = 4, harbor: Path | None = None, epsilon: float = 0
             else:
                 env, factory, restore, policy = await _harbor(stack, harbor, epsilon)
             runner = TrajectoryRunner(
-                env, ScriptedBackend(policy), env_factory=factory, restore_fn=restore
+                env,
+                ScriptedBackend(policy),
+                env_factory=factory,
+                restore_fn=restore,
+                instance_limit=limit,
             )
-            app.state.rollouts = Rollouts(runner=runner, slots=Slots(limit))
+            app.state.rollouts = Rollouts(runner=runner)
             yield
             # Shutdown: in-flight batches were finished or cancelled (their instances closed
             # by the runner); the exit stack then removes anything still left (backstop).

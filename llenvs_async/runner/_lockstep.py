@@ -3,47 +3,173 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Sequence
+from collections import deque
+from collections.abc import AsyncGenerator, Awaitable, Coroutine, Sequence
+from typing import Any, Literal
 
 from ..errors import BackendError, ContextLengthError, EnvError, StepTimeoutError
 from ..types import Action, GenerationError, Trajectory, Transition
 from ._config import RunConfig
-from ._instances import close_instances, close_one, prepare
+from ._instances import Closer, prepare, prepare_one
 from ._rollout import Rollout, RolloutInput, is_programming_error
+from ._slots import Slots
 
-__all__ = ["run_chunk"]
+__all__ = ["Schedule", "run_rollouts"]
 
 
-async def run_chunk(
-    specs: Sequence[RolloutInput], cfg: RunConfig, limit: int
+Schedule = Literal["refill", "chunks"]
+
+
+class _Run:
+    """One call's scheduling state: what is pending, live and closing."""
+
+    def __init__(
+        self,
+        specs: Sequence[RolloutInput],
+        cfg: RunConfig,
+        limit: int,
+        shared: Slots | None,
+    ) -> None:
+        self.cfg, self.limit, self.shared = cfg, limit, shared
+        self.pending = deque(specs)
+        self.started: list[Rollout] = []
+        self.active: list[Rollout] = []
+        self.new: list[Rollout] = []
+        self.closer = Closer(cfg, on_freed=self.report)
+
+    def live(self) -> int:
+        """Rollouts holding (or about to hold) an instance, closing ones included."""
+        busy = sum(1 for r in self.active if not r.finished)
+        return busy + sum(1 for r in self.new if not r.finished) + self.closer.closing
+
+    def report(self) -> None:
+        if self.shared is not None:
+            self.shared.update(id(self), self.live())
+
+    def room(self) -> int:
+        free = min(self.limit - self.live(), len(self.pending))
+        if self.shared is not None:
+            self.report()
+            free = min(free, self.shared.free())
+        return max(free, 0)
+
+    def take(self, n: int) -> list[Rollout]:
+        batch = [Rollout(spec=self.pending.popleft()) for _ in range(n)]
+        self.new.extend(batch)
+        self.started.extend(batch)
+        self.cfg.stats.rollouts_started(n)
+        self.report()
+        return batch
+
+    def room_waits(self) -> list[Coroutine[Any, Any, None]]:
+        """What frees a slot: one of our instances closing, or (shared cap) another run
+        giving slots back. Rollouts of a pure environment free theirs as they finish."""
+        waits = [self.closer.freed_since(self.closer.freed)]
+        if self.shared is not None:
+            waits.append(self.shared.freed_since(self.shared.freed))
+        return waits
+
+
+async def run_rollouts(
+    specs: Sequence[RolloutInput],
+    cfg: RunConfig,
+    limit: int,
+    schedule: Schedule,
+    shared: Slots | None = None,
 ) -> AsyncGenerator[Trajectory, None]:
-    """Prepare, run and tear down one chunk, yielding trajectories as rollouts finish.
+    """Run every input with at most ``limit`` live rollouts, yielding trajectories as
+    rollouts finish.
 
-    No task group is open across a ``yield``: each round's group completes first,
-    so abandoning or cancelling the iteration is safe; ``finally`` closes every
-    instance still open, shielded and bounded.
+    ``refill``: a slot freed by a finished rollout (its instance closed) takes the next
+    input, prepared while the current round runs, so it joins the next round.
+    ``chunks``: the next ``limit`` inputs start only when the previous ones are all
+    done and closed (the seed's behaviour). Each round makes one generate call.
+    Finished instances close in the background and keep their slot until closed;
+    ``shared`` caps live instances across concurrent runs. No task group is open across
+    a ``yield``, so abandoning or cancelling the iteration is safe; ``finally`` closes
+    every instance still open, shielded and bounded.
     """
-    rollouts = [Rollout(spec=spec) for spec in specs]
-    cfg.stats.rollouts_started(len(rollouts))
+    run = _Run(specs, cfg, limit, shared)
     emitted = 0
     try:
-        await _unwrapped_prepare(rollouts, cfg, limit)
-        active = [r for r in rollouts if not r.finished]
-        finished = [r for r in rollouts if r.finished]
-        while True:
-            await close_instances(finished, cfg)
-            for rollout in finished:
-                emitted += 1
-                yield _emit(rollout, cfg)
-            if not active:
-                break
-            await _round(active, cfg)
-            cfg.stats.rounds += 1
-            finished = [r for r in active if r.finished]
-            active = [r for r in active if not r.finished]
+        while run.pending or run.active:
+            if schedule == "chunks":
+                await _chunk_step(run)
+            else:
+                await _refill_step(run)
+            running = [*run.active, *run.new]
+            run.active, run.new = [r for r in running if not r.finished], []
+            for rollout in running:
+                if rollout.finished:
+                    emitted += 1
+                    yield _emit(rollout, cfg)
     finally:
-        cfg.stats.active_rollouts -= len(rollouts) - emitted
-        await close_instances(rollouts, cfg)
+        cfg.stats.active_rollouts -= len(run.started) - emitted
+        await run.closer.drain(run.started)
+        if shared is not None:
+            shared.release(id(run))
+
+
+async def _chunk_step(run: _Run) -> None:
+    if run.active:
+        await _round(run.active, run.cfg, run.closer)
+        return
+    await run.closer.drain()  # the previous chunk is closed before the next one starts
+    n = run.room()
+    if n == 0:  # every slot is another run's (shared cap)
+        await _first_of(run.room_waits())
+        return
+    await _unwrapped(prepare(run.take(n), run.cfg, run.closer))
+
+
+async def _refill_step(run: _Run) -> None:
+    """One round for the active rollouts while free slots take the next inputs; a slot
+    that frees during the round (an instance closed) is refilled in the same round.
+    """
+    if not run.pending:
+        await _round(run.active, run.cfg, run.closer)
+        return
+    round_over = asyncio.Event()
+
+    async def round_() -> None:
+        try:
+            await _round(run.active, run.cfg, run.closer)
+        finally:
+            round_over.set()
+
+    async def refill(tg: asyncio.TaskGroup) -> None:
+        while run.pending:
+            n = run.room()
+            if n:
+                for rollout in run.take(n):
+                    tg.create_task(prepare_one(rollout, run.cfg, run.closer))
+                continue
+            if round_over.is_set():
+                if run.active or run.new:
+                    return  # what is prepared joins the next round
+                await _first_of(run.room_waits())  # every slot is closing or another run's
+            else:
+                await _first_of([round_over.wait(), *run.room_waits()])
+
+    try:
+        async with asyncio.TaskGroup() as tg:
+            if run.active:
+                tg.create_task(round_())
+            else:
+                round_over.set()
+            tg.create_task(refill(tg))
+    except BaseExceptionGroup as group:
+        raise _first(group) from None
+
+
+async def _first_of(waits: Sequence[Coroutine[Any, Any, Any]]) -> None:
+    """Wait until the first of ``waits`` returns; the others are cancelled."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 def _emit(rollout: Rollout, cfg: RunConfig) -> Trajectory:
@@ -55,14 +181,15 @@ def _emit(rollout: Rollout, cfg: RunConfig) -> Trajectory:
     return rollout.trajectory()
 
 
-async def _unwrapped_prepare(rollouts: Sequence[Rollout], cfg: RunConfig, limit: int) -> None:
+async def _unwrapped(work: Awaitable[None]) -> None:
     try:
-        await prepare(rollouts, cfg, limit)
+        await work
     except BaseExceptionGroup as group:
         raise _first(group) from None
 
 
-async def _round(active: Sequence[Rollout], cfg: RunConfig) -> None:
+async def _round(active: Sequence[Rollout], cfg: RunConfig, closer: Closer) -> None:
+    cfg.stats.rounds += 1
     needing = [r for r in active if r.pending_action is None]
     if needing:
         await _generate(needing, cfg)
@@ -71,7 +198,7 @@ async def _round(active: Sequence[Rollout], cfg: RunConfig) -> None:
         # asyncio's TaskGroup: ~3x cheaper per task than anyio's, and this is the hot path.
         async with asyncio.TaskGroup() as tg:
             for rollout in stepping:
-                tg.create_task(_step(rollout, cfg))
+                tg.create_task(_step(rollout, cfg, closer))
     except BaseExceptionGroup as group:
         raise _first(group) from None
 
@@ -107,7 +234,7 @@ async def _generate(rollouts: Sequence[Rollout], cfg: RunConfig) -> None:
         rollout.pending_completion = completion
 
 
-async def _step(rollout: Rollout, cfg: RunConfig) -> None:
+async def _step(rollout: Rollout, cfg: RunConfig, closer: Closer) -> None:
     env, state, action = rollout.env, rollout.state, rollout.pending_action
     assert env is not None and state is not None and action is not None
     completion, rollout.pending_action, rollout.pending_completion = (
@@ -155,7 +282,7 @@ async def _step(rollout: Rollout, cfg: RunConfig) -> None:
             env_max_steps=env.max_steps,
         )
     if rollout.finished:
-        await close_one(rollout, cfg)
+        closer.close(rollout)  # in the background: the next round does not wait for it
 
 
 def _first(group: BaseExceptionGroup) -> BaseException:

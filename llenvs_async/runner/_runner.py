@@ -14,8 +14,9 @@ from ..env import EnvFactory, Environment, RestoreFn, replay_restore
 from ..errors import ClosedError
 from ..types import Action, SamplingParams, State, Trajectory
 from ._config import RunConfig, RunnerStats
-from ._lockstep import run_chunk
+from ._lockstep import Schedule, run_rollouts
 from ._rollout import PromptBuilder, RolloutInput
+from ._slots import Slots
 
 __all__ = ["TrajectoryRunner"]
 
@@ -48,6 +49,8 @@ class TrajectoryRunner(AsyncResource):
         restore_timeout: float | None = None,
         close_timeout: float = 30.0,
         prompt_builder: PromptBuilder | None = None,
+        schedule: Schedule = "refill",
+        instance_limit: int | None = None,
     ) -> None:
         if not hasattr(environment, "step") or not hasattr(environment, "reset"):
             raise TypeError(
@@ -62,6 +65,8 @@ class TrajectoryRunner(AsyncResource):
         _check_positive("step_timeout", step_timeout)
         _check_positive("restore_timeout", restore_timeout)
         _check_positive("close_timeout", close_timeout)
+        _check_schedule(schedule)
+        _check_positive("instance_limit", instance_limit)
         self.environment = environment
         self.backend = backend
         self.sampling_params = sampling_params or SamplingParams()
@@ -73,6 +78,9 @@ class TrajectoryRunner(AsyncResource):
         self.restore_timeout = restore_timeout
         self.close_timeout = close_timeout
         self.prompt_builder = prompt_builder
+        self.schedule: Schedule = schedule
+        # One cap on live instances for every concurrent run of this runner (a service).
+        self.instance_slots = None if instance_limit is None else Slots(instance_limit)
         self.stats = RunnerStats()
         # Without a factory a non-pure environment is one shared instance: runs take turns.
         self._shared_env_lock = asyncio.Lock()
@@ -105,6 +113,7 @@ class TrajectoryRunner(AsyncResource):
         *,
         seeds: Sequence[int | None] | None = None,
         max_steps: int | None = None,
+        schedule: Schedule | None = None,
     ) -> list[Trajectory]:
         """Roll out one episode per task from ``reset(task)``; results in input order."""
         tasks = _as_sequence("tasks", tasks)
@@ -114,16 +123,18 @@ class TrajectoryRunner(AsyncResource):
             RolloutInput(index=i, task=task, seed=None if seeds is None else seeds[i])
             for i, task in enumerate(tasks)
         ]
-        return await self._collect(specs, batch_size, max_steps)
+        return await self._collect(specs, batch_size, max_steps, schedule)
 
     async def run_batch_from_states(
         self,
         states: Sequence[State],
         batch_size: int | None = None,
         max_steps: int | None = None,
+        *,
+        schedule: Schedule | None = None,
     ) -> list[Trajectory]:
         """Roll out from saved states (restored per instance when not pure); input order."""
-        return await self._collect(_state_specs(states, None), batch_size, max_steps)
+        return await self._collect(_state_specs(states, None), batch_size, max_steps, schedule)
 
     async def run_batch_from_state_actions(
         self,
@@ -131,11 +142,14 @@ class TrajectoryRunner(AsyncResource):
         actions: Sequence[Action | str],
         batch_size: int | None = None,
         max_steps: int | None = None,
+        *,
+        schedule: Schedule | None = None,
     ) -> list[Trajectory]:
         """Like ``run_batch_from_states`` but rollout i's first action is ``actions[i]``
         (not generated): the Monte Carlo recipe for Q(s, a).
         """
-        return await self._collect(_state_specs(states, actions), batch_size, max_steps)
+        specs = _state_specs(states, actions)
+        return await self._collect(specs, batch_size, max_steps, schedule)
 
     async def iter_batch_from_states(
         self,
@@ -144,22 +158,29 @@ class TrajectoryRunner(AsyncResource):
         max_steps: int | None = None,
         *,
         actions: Sequence[Action | str] | None = None,
+        schedule: Schedule | None = None,
     ) -> AsyncGenerator[Trajectory, None]:
         """Yield trajectories as they finish (``Trajectory.index`` says which input).
 
         Wrap in ``contextlib.aclosing`` to tear instances down the moment you stop early.
         """
         specs = _state_specs(states, actions)
-        async with contextlib.aclosing(self._iterate(specs, batch_size, max_steps)) as it:
+        iterate = self._iterate(specs, batch_size, max_steps, schedule)
+        async with contextlib.aclosing(iterate) as it:
             async for trajectory in it:
                 yield trajectory
 
     async def _collect(
-        self, specs: list[RolloutInput], batch_size: int | None, max_steps: int | None
+        self,
+        specs: list[RolloutInput],
+        batch_size: int | None,
+        max_steps: int | None,
+        schedule: Schedule | None,
     ) -> list[Trajectory]:
         results: list[Trajectory | None] = [None] * len(specs)
         try:
-            async with contextlib.aclosing(self._iterate(specs, batch_size, max_steps)) as it:
+            iterate = self._iterate(specs, batch_size, max_steps, schedule)
+            async with contextlib.aclosing(iterate) as it:
                 async for trajectory in it:
                     assert trajectory.index is not None
                     results[trajectory.index] = trajectory
@@ -173,26 +194,31 @@ class TrajectoryRunner(AsyncResource):
         return [t for t in results if t is not None]
 
     async def _iterate(
-        self, specs: list[RolloutInput], batch_size: int | None, max_steps: int | None
+        self,
+        specs: list[RolloutInput],
+        batch_size: int | None,
+        max_steps: int | None,
+        schedule: Schedule | None,
     ) -> AsyncGenerator[Trajectory, None]:
         if self._closed:
             raise ClosedError("TrajectoryRunner")
         _check_positive("batch_size", batch_size)
         _check_positive("max_steps", max_steps)
+        schedule = self.schedule if schedule is None else _check_schedule(schedule)
         cfg = self._config(max_steps)
         if not self.environment.pure_step and self.env_factory is None:
             # One shared stateful instance: one rollout at a time, one run at a time.
             async with self._shared_env_lock:
                 for spec in specs:
-                    async with contextlib.aclosing(run_chunk([spec], cfg, 1)) as chunk:
-                        async for trajectory in chunk:
+                    async with contextlib.aclosing(run_rollouts([spec], cfg, 1, schedule)) as one:
+                        async for trajectory in one:
                             yield trajectory
             return
-        size = batch_size or len(specs)
-        for start in range(0, len(specs), size):
-            async with contextlib.aclosing(run_chunk(specs[start : start + size], cfg, size)) as it:
-                async for trajectory in it:
-                    yield trajectory
+        shared = self.instance_slots if cfg.multi_instance else None
+        rollouts = run_rollouts(specs, cfg, batch_size or len(specs), schedule, shared)
+        async with contextlib.aclosing(rollouts) as it:
+            async for trajectory in it:
+                yield trajectory
 
     def _config(self, max_steps: int | None) -> RunConfig:
         return RunConfig(
@@ -222,6 +248,12 @@ def _attach_finished(exc: BaseException, done: list[Trajectory], total: int) -> 
             f"llenvs_async: {len(done)} of {total} rollouts had finished; their trajectories "
             "are on this exception's `finished_trajectories`"
         )
+
+
+def _check_schedule(schedule: Any) -> Schedule:
+    if schedule not in ("refill", "chunks"):
+        raise ValueError(f"schedule must be 'refill' or 'chunks', got {schedule!r}")
+    return schedule  # type: ignore[no-any-return]
 
 
 def _check_positive(name: str, value: Any) -> None:

@@ -68,26 +68,6 @@ async def test_bad_request_is_a_400(base_url: str) -> None:
             assert "expected" in reply.json()["error"]
 
 
-def test_slots_take_whole_chunks_without_deadlock() -> None:
-    async def scenario() -> tuple[int, list[str]]:
-        slots = service.Slots(limit=3)
-        order: list[str] = []
-
-        async def user(name: str, n: int) -> None:
-            async with slots.hold(n):
-                order.append(f"{name}+")
-                await asyncio.sleep(0)
-                order.append(f"{name}-")
-
-        await asyncio.gather(user("a", 2), user("b", 2), user("c", 1))
-        return slots.peak, order
-
-    peak, order = asyncio.run(scenario())
-    assert peak == 3
-    # b (2 slots) cannot start while a holds 2 of 3; c (1 slot) can.
-    assert order.index("b+") > order.index("a-")
-
-
 @pytest.mark.docker
 @pytest.mark.slow
 async def test_harbor_service_shutdown_leaves_no_container(docker_ready: None) -> None:

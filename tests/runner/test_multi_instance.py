@@ -27,7 +27,7 @@ async def test_batch_size_caps_live_instances_and_chunks_run_in_sequence(
     runner = TrajectoryRunner(
         environment=main, backend=recording, env_factory=counter_factory(latency=0.002)
     )
-    trajs = await runner.run_batch_from_states([state] * 10, batch_size=4)
+    trajs = await runner.run_batch_from_states([state] * 10, batch_size=4, schedule="chunks")
     assert len(trajs) == 10 and all(t.success for t in trajs)
     assert tracker.created == 10 and tracker.peak_live == 4 and tracker.live == 0
     assert runner.stats.peak_live_instances == 4 and runner.stats.live_instances == 0

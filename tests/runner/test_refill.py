@@ -1,0 +1,144 @@
+"""Refill scheduling: freed slots take the next input; order, cap and one generate per round."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from llenvs_async import ScriptedBackend, TrajectoryRunner
+from llenvs_async.envs import CounterEnv
+from llenvs_async.testing import RecordingBackend
+
+from .conftest import counter_policy
+
+
+def _long_tailed_targets(n: int, seed: int = 3) -> list[int]:
+    rng = random.Random(seed)
+    return [min(int(rng.paretovariate(1.2)), 18) for _ in range(n)]  # max_steps is 20
+
+
+@pytest.mark.parametrize("schedule", ["refill", "chunks"])
+async def test_results_keep_input_order_and_the_cap(schedule, counter_factory, tracker) -> None:  # type: ignore[no-untyped-def]
+    targets = _long_tailed_targets(64)
+    backend = RecordingBackend(ScriptedBackend(counter_policy))
+    runner = TrajectoryRunner(
+        environment=CounterEnv(), backend=backend, env_factory=counter_factory()
+    )
+    trajs = await runner.run_batch(targets, batch_size=8, schedule=schedule)
+    assert [t.index for t in trajs] == list(range(64))
+    assert [t.initial_state.task for t in trajs] == targets
+    assert all(t.success and len(t) == target + 1 for t, target in zip(trajs, targets, strict=True))
+    assert runner.stats.peak_live_instances == 8 and tracker.peak_live == 8
+    assert tracker.live == 0 and runner.stats.live_instances == 0
+    assert runner.stats.generate_calls == runner.stats.rounds == len(backend.calls)
+    assert max(backend.batch_sizes) == 8
+    # every step of every rollout was generated in exactly one round
+    assert sum(backend.batch_sizes) == sum(len(t) for t in trajs)
+
+
+async def test_refill_needs_fewer_rounds_than_chunks(counter_factory) -> None:  # type: ignore[no-untyped-def]
+    targets = _long_tailed_targets(64)
+    rounds = {}
+    for schedule in ("refill", "chunks"):
+        runner = TrajectoryRunner(
+            environment=CounterEnv(),
+            backend=ScriptedBackend(counter_policy),
+            env_factory=counter_factory(),
+        )
+        await runner.run_batch(targets, batch_size=8, schedule=schedule)
+        rounds[schedule] = runner.stats.rounds
+    # chunks wait for each chunk's slowest rollout; refill keeps the slots busy
+    lower_bound = -(-sum(t + 1 for t in targets) // 8)  # total steps / slots, rounded up
+    assert lower_bound <= rounds["refill"] < rounds["chunks"]
+    assert rounds["refill"] <= 1.25 * lower_bound + max(targets)
+
+
+async def test_trajectories_stream_as_they_finish(counter_factory) -> None:  # type: ignore[no-untyped-def]
+    env = CounterEnv()
+    states = [await env.reset(t) for t in (9, 1, 5, 1)]
+    runner = TrajectoryRunner(
+        environment=env, backend=ScriptedBackend(counter_policy), env_factory=counter_factory()
+    )
+    order = [t.index async for t in runner.iter_batch_from_states(states, batch_size=2)]
+    # input 1's slot goes to input 2 while input 0 still runs; input 3 gets the next one
+    assert order == [1, 2, 0, 3]
+
+
+async def test_the_next_round_does_not_wait_for_a_close(counter_factory, tracker) -> None:  # type: ignore[no-untyped-def]
+    """Teardown off the critical path: a finished instance's close is still in flight
+    while the next round generates."""
+    release = asyncio.Event()
+    closing = 0
+    seen_while_closing: list[int] = []
+
+    class SlowClose(CounterEnv):
+        async def _aclose(self) -> None:
+            nonlocal closing
+            closing += 1
+            await release.wait()
+            await super()._aclose()
+
+    async def factory() -> CounterEnv:
+        return SlowClose(tracker=tracker)
+
+    def policy(request):  # type: ignore[no-untyped-def]
+        seen_while_closing.append(closing)
+        if request.rollout_index == 1 and request.step >= 3:
+            release.set()  # the long rollout lets the closes finish only now
+        return counter_policy(request)
+
+    runner = TrajectoryRunner(
+        environment=CounterEnv(),
+        backend=ScriptedBackend(policy),
+        env_factory=factory,
+        close_timeout=2,  # a close awaited inside the round would deadlock, then time out
+    )
+    trajs = await runner.run_batch([1, 4])
+    assert all(t.success for t in trajs)
+    # rollout 0 finished in round 2; rounds 3 and 4 of rollout 1 ran while it was closing
+    assert seen_while_closing[-3:-1] == [1, 1]
+    # ...and the close then completed (a timed-out close would leave the instance live)
+    assert tracker.live == 0 and runner.stats.live_instances == 0
+
+
+async def test_one_instance_limit_is_shared_by_concurrent_runs(tracker) -> None:  # type: ignore[no-untyped-def]
+    async def factory() -> CounterEnv:
+        return CounterEnv(tracker=tracker, latency=0.001)
+
+    runner = TrajectoryRunner(
+        environment=CounterEnv(),
+        backend=ScriptedBackend(counter_policy),
+        env_factory=factory,
+        instance_limit=3,
+    )
+    runs = [runner.run_batch(_long_tailed_targets(6, seed=s), batch_size=4) for s in range(4)]
+    results = await asyncio.gather(*runs)
+    assert all(t.success for trajs in results for t in trajs)
+    assert tracker.peak_live == 3 and tracker.live == 0
+    assert runner.instance_slots is not None and runner.instance_slots.peak == 3
+    assert runner.instance_slots.free() == 3
+
+
+def test_bad_schedule_and_limit_are_clear_errors() -> None:
+    with pytest.raises(ValueError, match="schedule"):
+        TrajectoryRunner(CounterEnv(), ScriptedBackend(counter_policy), schedule="fifo")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="instance_limit"):
+        TrajectoryRunner(CounterEnv(), ScriptedBackend(counter_policy), instance_limit=0)
+
+
+async def test_cancelled_refill_run_closes_everything(tracker) -> None:  # type: ignore[no-untyped-def]
+    async def factory() -> CounterEnv:
+        return CounterEnv(tracker=tracker, latency=0.01)
+
+    runner = TrajectoryRunner(
+        environment=CounterEnv(), backend=ScriptedBackend(counter_policy), env_factory=factory
+    )
+    task = asyncio.ensure_future(runner.run_batch(_long_tailed_targets(32), batch_size=6))
+    while tracker.steps < 40:
+        await asyncio.sleep(0.005)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert tracker.created > 6 and tracker.live == 0
