@@ -1,8 +1,20 @@
-"""Monte Carlo estimates of V(s) and Q(s, a) with confidence intervals.
+"""Monte Carlo estimates of V(s) and Q(s, a) with 95% intervals that respect the reward range.
 
-Failed rollouts are counted in ``failed`` and left out of the mean: a crashed
-container says nothing about the policy's return, and averaging it in as 0 would
-bias the estimate silently.
+The interval depends on what the returns can be (``reward_range=(lo, hi)``, the range of one
+rollout's discounted return; default: the environment's ``reward_range`` attribute):
+
+- ``"wilson"``: every return is ``lo`` or ``hi`` (success/failure). Wilson score interval on
+  the rescaled success rate; inside ``[lo, hi]``, never zero-width (0/16 gives [0, 0.17]).
+- ``"anderson"``: any other bounded returns. Anderson's bound from the one-sided DKW
+  inequality (Massart's constant): the means of the extreme distributions in the empirical
+  CDF's band. Finite-sample coverage >= 95% for every distribution on ``[lo, hi]``, at least as
+  tight as Hoeffding's, inside ``[lo, hi]``, never zero-width.
+- ``"student-t"``: only when a bound is infinite (``reward_range=(-inf, inf)``, asked for
+  explicitly): the asymptotic t interval, clipped to the finite bound. Approximate: it can
+  under-cover for small n and is zero-width when every return is equal.
+
+An unknown range is an error: no finite-sample interval exists without one.
+How failed rollouts count is explicit (``failures``); ``failed`` always reports how many failed.
 """
 
 from __future__ import annotations
@@ -10,11 +22,35 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Any, Literal, get_args
 
+from .errors import EstimationError, RolloutsFailedError
 from .runner import TrajectoryRunner
 from .types import Action, State, Trajectory
 
-__all__ = ["ValueEstimate", "estimate_q_values", "estimate_values", "summarize_returns"]
+__all__ = [
+    "Failures",
+    "Method",
+    "ValueEstimate",
+    "estimate_q_values",
+    "estimate_values",
+    "summarize_returns",
+]
+
+Failures = Literal["exclude", "zero", "raise"]
+"""``exclude``: leave failed rollouts out of the mean (``n`` counts the others);
+``zero``: count each as return 0.0 (0 must lie in the range); ``raise``: raise
+``RolloutsFailedError`` if any rollout failed."""
+
+Method = Literal["wilson", "anderson", "student-t", "none"]
+"""How the interval was computed (``none``: no returns; the interval is the whole range)."""
+
+CONFIDENCE = 0.95
+_ALPHA = 1.0 - CONFIDENCE
+_Z = NormalDist().inv_cdf(1.0 - _ALPHA / 2)
+# Returns within this fraction of the range of a bound count as on it (float sums).
+_TOLERANCE = 1e-9
 
 # Two-sided 95% Student-t critical values by degrees of freedom (1..30), then coarser.
 _T95 = (
@@ -36,7 +72,11 @@ def _t95(df: int) -> float:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ValueEstimate:
-    """Mean return over ``n`` successful rollouts with its standard error and 95% CI."""
+    """Mean return over ``n`` rollouts with its standard error and 95% interval.
+
+    ``returns`` are the values the estimate used (with ``failures="zero"``, a 0.0 per
+    failed rollout); ``failed`` counts failed rollouts however they were treated.
+    """
 
     mean: float
     stderr: float
@@ -47,6 +87,8 @@ class ValueEstimate:
     failed: int = 0
     state: State | None = None
     action: Action | None = None
+    method: Method = "student-t"
+    reward_range: tuple[float, float] | None = None
 
     @property
     def ci(self) -> tuple[float, float]:
@@ -60,43 +102,203 @@ class ValueEstimate:
 def summarize_returns(
     returns: Sequence[float],
     *,
+    reward_range: tuple[float, float],
     failed: int = 0,
     state: State | None = None,
     action: Action | None = None,
 ) -> ValueEstimate:
-    """Mean, standard error and Student-t 95% interval of ``returns`` (NaN when empty)."""
-    n = len(returns)
-    if n == 0:
-        nan = math.nan
-        return ValueEstimate(
-            mean=nan, stderr=nan, n=0, ci_low=nan, ci_high=nan, returns=(), failed=failed,
-            state=state, action=action,
-        )  # fmt: skip
-    mean = math.fsum(returns) / n
-    if n == 1:
-        stderr, half = math.inf, math.inf
-    else:
-        var = math.fsum((r - mean) ** 2 for r in returns) / (n - 1)
-        stderr = math.sqrt(var / n)
-        half = _t95(n - 1) * stderr
+    """Mean, standard error and 95% interval of ``returns``, each within ``reward_range``.
+
+    The method is chosen as the module docstring says. Empty ``returns``: NaN mean and the
+    whole range as the interval (NaN when the range is unbounded).
+    """
+    lo, hi = _check_range(reward_range, "reward_range")
+    values = tuple(_within(float(r), i, lo, hi) for i, r in enumerate(returns))
+    mean, stderr, low, high, method = _interval(values, lo, hi)
     return ValueEstimate(
-        mean=mean, stderr=stderr, n=n, ci_low=mean - half, ci_high=mean + half,
-        returns=tuple(returns), failed=failed, state=state, action=action,
+        mean=mean, stderr=stderr, n=len(values), ci_low=low, ci_high=high, returns=values,
+        failed=failed, state=state, action=action, method=method, reward_range=(lo, hi),
     )  # fmt: skip
 
 
-def _summarize(
-    trajectories: Sequence[Trajectory], gamma: float, state: State, action: Action | None
-) -> ValueEstimate:
-    ok = [t.discounted_return(gamma) for t in trajectories if t.error is None]
-    return summarize_returns(ok, failed=len(trajectories) - len(ok), state=state, action=action)
+def _interval(
+    values: Sequence[float], lo: float, hi: float
+) -> tuple[float, float, float, float, Method]:
+    """(mean, stderr, ci_low, ci_high, method) of returns already checked to lie in [lo, hi]."""
+    n = len(values)
+    bounded = math.isfinite(lo) and math.isfinite(hi)
+    if n == 0:
+        low, high = (lo, hi) if bounded else (math.nan, math.nan)
+        return math.nan, math.nan, low, high, "none"
+    mean = math.fsum(values) / n
+    stderr = math.inf if n == 1 else math.sqrt(_variance(values, mean) / n)
+    method: Method
+    if not bounded:
+        method = "student-t"
+        half = math.inf if n == 1 else _t95(n - 1) * stderr
+        low, high = max(mean - half, lo), min(mean + half, hi)
+    elif all(r in (lo, hi) for r in values):
+        method = "wilson"
+        low, high = _wilson(sum(r == hi for r in values), n, lo, hi)
+    else:
+        method = "anderson"
+        low, high = _anderson(values, lo, hi)
+    mean = min(max(mean, low), high)  # float rounding only: the mean is inside both bounds
+    return mean, stderr, low, high, method
 
 
-def _check(num_rollouts: int, gamma: float) -> None:
+def _variance(values: Sequence[float], mean: float) -> float:
+    return math.fsum((r - mean) ** 2 for r in values) / (len(values) - 1)
+
+
+def _wilson(successes: int, n: int, lo: float, hi: float) -> tuple[float, float]:
+    """Wilson score interval for ``successes`` of ``n``, mapped from [0, 1] to [lo, hi]."""
+    p = successes / n
+    z2 = _Z * _Z
+    denom = 1.0 + z2 / n
+    center = (p + z2 / (2 * n)) / denom
+    half = _Z / denom * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    low, high = max(center - half, 0.0), min(center + half, 1.0)
+    if successes == 0:
+        low = 0.0
+    if successes == n:
+        high = 1.0
+    return lo + (hi - lo) * low, lo + (hi - lo) * high
+
+
+def _anderson(values: Sequence[float], lo: float, hi: float) -> tuple[float, float]:
+    """Anderson's (1969) interval for the mean of a distribution on [lo, hi].
+
+    With probability >= 1 - alpha/2 each, the true CDF lies within ``eps`` of the empirical
+    one on that side (one-sided DKW, Massart 1990: P(sup(F_n - F) > eps) <= exp(-2 n eps^2)).
+    The bounds are the means of the extreme CDFs in that band: move ``eps`` of mass from the
+    smallest returns to ``hi`` (upper), or from the largest to ``lo`` (lower).
+    """
+    eps = math.sqrt(math.log(2.0 / _ALPHA) / (2 * len(values)))
+    high = _anderson_upper(sorted(values), hi, eps)
+    low = lo + hi - _anderson_upper(sorted(lo + hi - r for r in values), hi, eps)
+    return max(low, lo), min(high, hi)
+
+
+def _anderson_upper(xs: Sequence[float], hi: float, eps: float) -> float:
+    """hi - integral of max(F_n(x) - eps, 0) over [x_(1), hi], for sorted ``xs``."""
+    n = len(xs)
+    area = 0.0
+    for i in range(1, n + 1):
+        weight = i / n - eps
+        if weight > 0:
+            nxt = xs[i] if i < n else hi
+            area += weight * (nxt - xs[i - 1])
+    return hi - area
+
+
+def _check_range(reward_range: object, where: str) -> tuple[float, float]:
+    """``(lo, hi)`` as floats, lo < hi, no NaN; a ``ValueError`` naming ``where`` otherwise."""
+    pair: Any = reward_range
+    try:
+        if isinstance(pair, str | bytes):
+            raise TypeError(pair)
+        first, second = pair
+        lo, hi = float(first), float(second)
+    except (TypeError, ValueError):
+        message = f"{where} must be a pair (lo, hi) of numbers, got {reward_range!r}"
+        raise ValueError(message) from None
+    if math.isnan(lo) or math.isnan(hi) or not lo < hi:
+        raise ValueError(f"{where} must be (lo, hi) with lo < hi, got {reward_range!r}")
+    return lo, hi
+
+
+def _within(r: float, index: int, lo: float, hi: float) -> float:
+    """``r`` snapped onto a bound it is within float rounding of; an error if it is outside."""
+    slack = _TOLERANCE * (hi - lo) if math.isfinite(hi - lo) else 0.0
+    if math.isnan(r) or r < lo - slack or r > hi + slack:
+        raise EstimationError(
+            f"return {r!r} of rollout {index} is outside reward_range ({lo}, {hi}): the "
+            "interval would be invalid; declare the range a rollout's return can take",
+            value=r, index=index, reward_range=(lo, hi),
+        )  # fmt: skip
+    if abs(r - lo) <= slack:
+        return lo
+    if abs(r - hi) <= slack:
+        return hi
+    return r
+
+
+def _resolve_range(
+    runner: TrajectoryRunner, reward_range: tuple[float, float] | None
+) -> tuple[float, float]:
+    if reward_range is not None:
+        return _check_range(reward_range, "reward_range")
+    declared = getattr(runner.environment, "reward_range", None)
+    name = type(runner.environment).__name__
+    if declared is None:
+        raise EstimationError(
+            f"{name} declares no reward_range and none was passed: pass reward_range=(lo, hi), "
+            "the range of one rollout's return (or (-inf, inf) for an approximate Student-t "
+            "interval)",
+            environment=name,
+        )
+    return _check_range(declared, f"{name}.reward_range")
+
+
+def _check(num_rollouts: int, gamma: float, failures: str) -> None:
     if isinstance(num_rollouts, bool) or not isinstance(num_rollouts, int) or num_rollouts < 1:
         raise ValueError(f"num_rollouts must be an int >= 1, got {num_rollouts!r}")
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
+    if failures not in get_args(Failures):
+        raise ValueError(f"failures must be one of {get_args(Failures)}, got {failures!r}")
+
+
+def _prepare(
+    runner: TrajectoryRunner,
+    num_rollouts: int,
+    gamma: float,
+    reward_range: tuple[float, float] | None,
+    failures: Failures,
+) -> tuple[float, float]:
+    """Every argument check, before any rollout runs."""
+    _check(num_rollouts, gamma, failures)
+    lo, hi = _resolve_range(runner, reward_range)
+    if failures == "zero" and not lo <= 0.0 <= hi:
+        raise ValueError(
+            f"failures='zero' counts a failed rollout as return 0.0, outside reward_range "
+            f"({lo}, {hi}); use 'exclude' or 'raise'"
+        )
+    return lo, hi
+
+
+def _raise_on_failures(trajectories: Sequence[Trajectory], failures: Failures) -> None:
+    bad = [t for t in trajectories if t.error is not None]
+    if failures != "raise" or not bad:
+        return
+    first = bad[0]
+    assert first.error is not None
+    raise RolloutsFailedError(
+        f"{len(bad)} of {len(trajectories)} rollouts failed (failures='raise'); first, rollout "
+        f"{first.index}: {first.error.type}: {first.error.message}",
+        failed=len(bad), total=len(trajectories), first_error=first.error,
+        trajectories=tuple(trajectories),
+    )  # fmt: skip
+
+
+def _summarize(
+    trajectories: Sequence[Trajectory],
+    gamma: float,
+    reward_range: tuple[float, float],
+    failures: Failures,
+    state: State,
+    action: Action | None,
+) -> ValueEstimate:
+    returns = [
+        t.discounted_return(gamma) if t.error is None else 0.0
+        for t in trajectories
+        if t.error is None or failures == "zero"
+    ]
+    failed = sum(t.error is not None for t in trajectories)
+    return summarize_returns(
+        returns, reward_range=reward_range, failed=failed, state=state, action=action
+    )
 
 
 async def estimate_values(
@@ -105,18 +307,23 @@ async def estimate_values(
     num_rollouts: int,
     batch_size: int | None = None,
     gamma: float = 1.0,
+    *,
+    reward_range: tuple[float, float] | None = None,
+    failures: Failures = "exclude",
 ) -> list[ValueEstimate]:
     """V(s) for each state: ``num_rollouts`` policy rollouts from it, in one batched run."""
-    _check(num_rollouts, gamma)
+    lo_hi = _prepare(runner, num_rollouts, gamma, reward_range, failures)
     states = list(states)
     if not states:
         raise ValueError("states is empty: nothing to estimate")
     expanded = [s for s in states for _ in range(num_rollouts)]
     trajs = await runner.run_batch_from_states(expanded, batch_size=batch_size)
+    _raise_on_failures(trajs, failures)
     return [
-        _summarize(trajs[i * num_rollouts : (i + 1) * num_rollouts], gamma, s, None)
+        _summarize(trajs[i * num_rollouts : (i + 1) * num_rollouts], gamma, lo_hi, failures, s,
+                   None)
         for i, s in enumerate(states)
-    ]
+    ]  # fmt: skip
 
 
 async def estimate_q_values(
@@ -126,9 +333,12 @@ async def estimate_q_values(
     num_rollouts: int,
     batch_size: int | None = None,
     gamma: float = 1.0,
+    *,
+    reward_range: tuple[float, float] | None = None,
+    failures: Failures = "exclude",
 ) -> list[ValueEstimate]:
     """Q(s, a) for each candidate action: rollouts whose first action is forced to ``a``."""
-    _check(num_rollouts, gamma)
+    lo_hi = _prepare(runner, num_rollouts, gamma, reward_range, failures)
     forced = [a if isinstance(a, Action) else Action(text=a) for a in actions]
     if not forced:
         raise ValueError("actions is empty: nothing to estimate")
@@ -136,7 +346,9 @@ async def estimate_q_values(
     trajs = await runner.run_batch_from_state_actions(
         [state] * len(expanded), expanded, batch_size=batch_size
     )
+    _raise_on_failures(trajs, failures)
     return [
-        _summarize(trajs[i * num_rollouts : (i + 1) * num_rollouts], gamma, state, a)
+        _summarize(trajs[i * num_rollouts : (i + 1) * num_rollouts], gamma, lo_hi, failures,
+                   state, a)
         for i, a in enumerate(forced)
-    ]
+    ]  # fmt: skip
