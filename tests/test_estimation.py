@@ -4,6 +4,8 @@ import math
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llenvs_async import (
     Action,
@@ -43,10 +45,25 @@ def test_no_returns_give_the_whole_range() -> None:
 def test_the_method_follows_the_returns() -> None:
     binary = summarize_returns([1.0, 0.0, 1.0], reward_range=(0.0, 1.0))
     general = summarize_returns([1.0, 0.5, 1.0], reward_range=(0.0, 1.0))
-    assert binary.method == "wilson" and general.method == "anderson"
+    assert binary.method == "wilson" and general.method == "betting"
     assert binary.reward_range == general.reward_range == (0.0, 1.0)
     # float sums a rounding away from a bound count as on it
     assert summarize_returns([0.1 + 0.2 + 0.7], reward_range=(0.0, 1.0)).method == "wilson"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.floats(0.0, 1.0), min_size=1, max_size=40),
+    st.sampled_from([(0.0, 1.0), (-5.0, 2.0), (10.0, 10.5)]),
+)
+def test_any_bounded_returns_get_a_nonzero_interval_inside_the_range(
+    unit: list[float], reward_range: tuple[float, float]
+) -> None:
+    lo, hi = reward_range
+    returns = [lo + (hi - lo) * u for u in unit]
+    e = summarize_returns(returns, reward_range=reward_range)
+    assert lo <= e.ci_low <= e.mean <= e.ci_high <= hi
+    assert e.ci_high > e.ci_low and e.method in ("wilson", "betting")
 
 
 def test_returns_outside_the_range_are_an_error() -> None:
@@ -130,7 +147,7 @@ async def test_reward_range_defaults_to_the_environments_attribute() -> None:
     assert v.reward_range == ArithmeticEnv.reward_range and v.mean == 0.0
     assert v.ci_low == 0.0 and v.ci_high > 0.3  # 0 of 4: not a zero-width [0, 0]
     [w] = await estimate_values(runner, [s], 4, reward_range=(-1.0, 1.0))
-    assert w.reward_range == (-1.0, 1.0) and w.method == "anderson"  # 0 is not a bound here
+    assert w.reward_range == (-1.0, 1.0) and w.method == "betting"  # 0 is not a bound here
 
 
 async def test_an_unknown_reward_range_is_an_error_before_any_rollout() -> None:
