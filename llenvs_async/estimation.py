@@ -5,6 +5,7 @@ rollout's discounted return; default: the environment's ``reward_range`` attribu
 
 - ``"wilson"``: every return is ``lo`` or ``hi`` (success/failure). Wilson score interval on
   the rescaled success rate; inside ``[lo, hi]``, never zero-width (0/16 gives [0, 0.19]).
+  Chosen from the returns themselves, so declare the range the returns can really take.
 - ``"betting"``: any other bounded returns. Waudby-Smith & Ramdas' hedged-capital interval
   (betting martingales, Ville's inequality): finite-sample coverage >= 95% for every
   distribution on ``[lo, hi]``, inside ``[lo, hi]``, never zero-width. Measured on Beta
