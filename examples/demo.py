@@ -63,11 +63,14 @@ def save_and_reload(states: Sequence[State], path: Path) -> list[State]:
 
 
 def print_table(rows: Sequence[tuple[str, State, str, ValueEstimate]]) -> None:
-    print(f"\n{'task':<16}{'step':>5}  {'action':<44}{'Q':>6}  {'95% CI':<16}{'n':>4}")
+    """Q, its 95% interval and how it was computed, rollouts used, rollouts that failed."""
+    print(f"\n{'task':<16}{'step':>5}  {'action':<44}{'Q':>6}  {'95% CI':<16}{'method':<10}"
+          f"{'n':>4}{'failed':>8}")  # fmt: skip
     for task, state, action, q in rows:
         shown = action if len(action) <= 42 else action[:41] + "…"
         ci = f"[{q.ci_low:.2f}, {q.ci_high:.2f}]"
-        print(f"{task:<16}{state.step:>5}  {shown:<44}{q.mean:>6.2f}  {ci:<16}{q.n:>4}")
+        print(f"{task:<16}{state.step:>5}  {shown:<44}{q.mean:>6.2f}  {ci:<16}{q.method:<10}"
+              f"{q.n:>4}{q.failed:>8}")  # fmt: skip
 
 
 async def run(out: Path, rollouts: int, epsilon: float, seed: int, batch_size: int) -> int:

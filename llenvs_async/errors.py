@@ -6,7 +6,11 @@ Foreign errors (aiodocker, httpx, vLLM) are translated at the edge with
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .types import ErrorInfo, Trajectory
 
 __all__ = [
     "BackendError",
@@ -17,9 +21,11 @@ __all__ = [
     "ContinuationPromptError",
     "DockerUnavailableError",
     "EnvError",
+    "EstimationError",
     "ImageError",
     "LlenvsError",
     "RestoreError",
+    "RolloutsFailedError",
     "StaleStateError",
     "StepTimeoutError",
     "TaskLoadError",
@@ -157,3 +163,28 @@ class DockerUnavailableError(ContainerError):
 
 class ImageError(ContainerError):
     """An image is missing or could not be built/imported."""
+
+
+class EstimationError(LlenvsError):
+    """A Monte Carlo estimate cannot be made honestly (unknown or violated reward range)."""
+
+
+class RolloutsFailedError(EstimationError):
+    """``failures="raise"`` and rollouts failed: how many, the first error, and every
+    trajectory of the run (nothing finished is lost).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        failed: int,
+        total: int,
+        first_error: ErrorInfo,
+        trajectories: Sequence[Trajectory] = (),
+    ) -> None:
+        super().__init__(message, failed=failed, total=total, first_error=first_error)
+        self.failed = failed
+        self.total = total
+        self.first_error = first_error
+        self.trajectories = tuple(trajectories)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from ..estimation import ValueEstimate, estimate_q_values, estimate_values
+from ..estimation import Failures, ValueEstimate, estimate_q_values, estimate_values
 from ..types import State
 from . import _options as opt
 from ._backend import BackendKind, BackendOptions, open_runner
@@ -20,7 +21,15 @@ from ._results import ResultRecord, load_results, unique_by_key
 from ._sources import SourceSpec, open_source
 from .plot import EstimatePanel, matplotlib_available, plot_estimates
 
-__all__ = ["StatePick", "pick_states", "q_values"]
+__all__ = ["FailureMode", "StatePick", "pick_states", "q_values"]
+
+
+class FailureMode(StrEnum):
+    """``--failures``: how a failed rollout counts in an estimate (see ``estimation.Failures``)."""
+
+    exclude = "exclude"
+    zero = "zero"
+    raise_ = "raise"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,6 +85,14 @@ def q_values(
             "--snapshot", help="Containers: replay each state once, fork the rest from a commit."
         ),
     ] = False,
+    failures: Annotated[
+        FailureMode,
+        typer.Option(
+            "--failures",
+            help="Failed rollouts: leave out of the mean (exclude), count as return 0 (zero), "
+            "or stop with an error (raise). The table's 'failed' column counts them either way.",
+        ),
+    ] = FailureMode.exclude,
 ) -> None:
     """Estimate V(s) and Q(s, a) by Monte Carlo rollouts from saved mid-trajectory states."""
     options = opt.backend_options(backend, model, base_url, epsilon, seed, temperature, max_tokens)
@@ -97,8 +114,11 @@ def q_values(
     picks = pick_states(records, step=step, tasks=tasks or [], max_states=max_states,
                         extra_actions=tuple(action or ()), file_actions=file_actions)  # fmt: skip
     source = sources.pop()
-    rows = run_async(lambda: _estimate(source, options, picks, rollouts, n_concurrent, snapshot))
-    console.print(_table(rows))
+    mode: Failures = failures.value
+    rows = run_async(
+        lambda: _estimate(source, options, picks, rollouts, n_concurrent, snapshot, mode)
+    )
+    console.print(_table(rows, mode))
     if json_out is not None:
         json_out.write_text(json.dumps([_json_row(p, label, e) for p, label, e in rows], indent=1))
     path = plot if plot is not None else results.with_suffix(".q.png")
@@ -172,6 +192,7 @@ async def _estimate(
     rollouts: int,
     n_concurrent: int,
     snapshot: bool,
+    failures: Failures,
 ) -> list[tuple[StatePick, str, ValueEstimate]]:
     rows: list[tuple[StatePick, str, ValueEstimate]] = []
     async with open_source(spec) as source:
@@ -179,10 +200,12 @@ async def _estimate(
         async with open_runner(source, options, snapshot=snapshot) as runner:
             for pick in picks:
                 err_console.print(f"estimating at {pick.title} ({len(pick.actions)} actions)")
-                (value,) = await estimate_values(runner, [pick.state], rollouts, n_concurrent)
+                (value,) = await estimate_values(
+                    runner, [pick.state], rollouts, n_concurrent, failures=failures
+                )
                 rows.append((pick, "V(s)", value))
                 qs = await estimate_q_values(
-                    runner, pick.state, pick.actions, rollouts, n_concurrent
+                    runner, pick.state, pick.actions, rollouts, n_concurrent, failures=failures
                 )
                 rows.extend((pick, f"Q: {a}", q) for a, q in zip(pick.actions, qs, strict=True))
     return rows
@@ -192,14 +215,18 @@ def _fmt(x: float) -> str:
     return f"{x:.3f}" if math.isfinite(x) else "-"
 
 
-def _table(rows: list[tuple[StatePick, str, ValueEstimate]]) -> Table:
-    table = Table(title="Monte Carlo estimates (95% CI)")
-    for column in ("task", "step", "estimate of", "mean", "95% CI", "n", "failed"):
+_FAILED_ROLLOUTS = {"exclude": "excluded", "zero": "counted as 0", "raise": "none allowed"}
+
+
+def _table(rows: list[tuple[StatePick, str, ValueEstimate]], failures: Failures) -> Table:
+    title = f"Monte Carlo estimates (95% CI; failed rollouts {_FAILED_ROLLOUTS[failures]})"
+    table = Table(title=title)
+    for column in ("task", "step", "estimate of", "mean", "95% CI", "method", "n", "failed"):
         table.add_column(column, justify="right" if column in ("mean", "n", "failed") else "left")
     for pick, label, e in rows:
         table.add_row(
             str(pick.task), str(pick.state.step), label, _fmt(e.mean),
-            f"[{_fmt(e.ci_low)}, {_fmt(e.ci_high)}]", str(e.n), str(e.failed),
+            f"[{_fmt(e.ci_low)}, {_fmt(e.ci_high)}]", e.method, str(e.n), str(e.failed),
         )  # fmt: skip
     return table
 
@@ -214,4 +241,7 @@ def _json_row(pick: StatePick, label: str, e: ValueEstimate) -> dict[str, Any]:
         "kind": "V" if label == "V(s)" else "Q", "action": None if label == "V(s)" else label[3:],
         "mean": num(e.mean), "ci_low": num(e.ci_low), "ci_high": num(e.ci_high),
         "stderr": num(e.stderr), "n": e.n, "failed": e.failed, "returns": list(e.returns),
+        "method": e.method, "reward_range": None if e.reward_range is None else [
+            num(x) for x in e.reward_range
+        ],
     }  # fmt: skip

@@ -21,6 +21,8 @@ class ArithmeticEnv(BaseEnvironment):
     """
 
     pure_step = True
+    # Range of one episode's return (Gymnasium's attribute): one terminal reward of 0 or 1.
+    reward_range = (0.0, 1.0)
 
     def __init__(self, *, num_tasks: int = 100, max_steps: int = 3) -> None:
         super().__init__(max_steps=max_steps)

@@ -16,6 +16,8 @@ class ChainEnv(BaseEnvironment):
     """
 
     pure_step = True
+    # Range of one episode's return (Gymnasium's attribute): one terminal reward of 0 or 1.
+    reward_range = (0.0, 1.0)
 
     def __init__(self, *, min_length: int = 3, num_tasks: int = 5, max_steps: int = 10) -> None:
         super().__init__(max_steps=max_steps)

@@ -27,6 +27,8 @@ class CounterEnv(BaseEnvironment):
     """
 
     pure_step = False
+    # Range of one episode's return (Gymnasium's attribute): one terminal reward of 0 or 1.
+    reward_range = (0.0, 1.0)
 
     def __init__(
         self,

@@ -1,13 +1,16 @@
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from llenvs_async.cli import _sources
 from llenvs_async.docker.ownership import current_owner
 from llenvs_async.docker.snapshots import SNAPSHOT_OWNER_LABEL
+from llenvs_async.envs import CounterEnv
 from llenvs_async.serialization import read_jsonl, read_trajectories
 
 from .conftest import EXAMPLE_TASKS, Invoke
@@ -57,9 +60,39 @@ def test_q_values_on_a_run_output(cli: Invoke, tmp_path: Path) -> None:
     assert rows[0]["step"] == 2 and rows[0]["prefix"] == ["inc", "inc"]
     assert by_action[None]["mean"] == 1.0 and by_action[None]["n"] == 4
     assert by_action["inc"]["mean"] == 1.0
-    assert by_action["submit"]["mean"] == 0.0 and by_action["submit"]["ci_high"] == 0.0
-    assert "Q: submit" in res.out
+    # 0 of 4: Wilson's interval inside CounterEnv's (0, 1), not a zero-width [0, 0]
+    submit = by_action["submit"]
+    assert submit["mean"] == 0.0 and submit["ci_low"] == 0.0 and 0.3 < submit["ci_high"] < 1.0
+    assert submit["method"] == "wilson" and submit["reward_range"] == [0.0, 1.0]
+    assert "Q: submit" in res.out and "wilson" in res.out
     assert png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_q_values_failures_option(
+    cli: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "r.jsonl"
+    assert cli("run", "--env", "counter", "-t", "3", "-n", "1", "-o", str(out), "-q").code == 0
+    # from here on, every "submit" crashes its environment: Q(s, submit) rollouts all fail
+    monkeypatch.setattr(_sources, "CounterEnv", functools.partial(CounterEnv, fail_on="submit"))
+
+    def rows(*flags: str) -> dict[object, dict[str, object]]:
+        est = tmp_path / "q.json"
+        res = cli("q-values", str(out), "-a", "submit", "-n", "3", "--json", str(est), *flags)
+        assert res.code == 0, res.err
+        assert "failed" in res.out and "method" in res.out
+        return {r["action"]: r for r in json.loads(est.read_text())}
+
+    excluded = rows()["submit"]
+    assert excluded["failed"] == 3 and excluded["n"] == 0 and excluded["mean"] is None
+    assert [excluded["ci_low"], excluded["ci_high"]] == [0.0, 1.0]  # no data: the whole range
+    zeroed = rows("--failures", "zero")["submit"]
+    assert zeroed["failed"] == 3 and zeroed["n"] == 3 and zeroed["returns"] == [0.0] * 3
+    res = cli("q-values", str(out), "-a", "submit", "-n", "3", "--failures", "raise")
+    assert res.code != 0 and "rollouts failed (failures='raise')" in res.err
+    assert "EnvError: CounterEnv was told to fail on 'submit'" in res.err
+    res = cli("q-values", str(out), "--failures", "drop")
+    assert res.code != 0 and "--failures" in res.err
 
 
 def test_tasks_list_builtin(cli: Invoke) -> None:
