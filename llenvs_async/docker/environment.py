@@ -52,6 +52,7 @@ class DockerEnvironment(BaseEnvironment):
     """
 
     pure_step = False
+    reward_range = (0.0, 1.0)  # verify command: 1.0 on exit 0, else 0.0
 
     def __init__(
         self,

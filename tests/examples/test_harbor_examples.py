@@ -31,9 +31,13 @@ def test_demo_separates_correct_from_destructive(docker_ready: None, tmp_path: P
     separated = re.search(r"non-overlapping 95% intervals on: (.+)", out)[1]  # type: ignore[index]
     assert separated != "none"
     rows = re.findall(
-        r"^(\S+)\s+(\d+)\s+(.+?)\s+(-?[\d.]+)\s+\[(-?[\d.]+), (-?[\d.]+)\]\s+6$", out, re.M
+        r"^(\S+)\s+(\d+)\s+(.+?)\s+(-?[\d.]+)\s+\[(-?[\d.]+), (-?[\d.]+)\]\s+(\S+)\s+6\s+(\d+)$",
+        out,
+        re.M,
     )
     assert len(rows) == 6
+    assert {r[6] for r in rows} == {"wilson"} and {r[7] for r in rows} == {"0"}  # method, failed
+    assert all(0.0 <= float(r[4]) <= float(r[5]) <= 1.0 for r in rows)  # inside the range
     destructive = [r for r in rows if r[2] == "rm -rf /app/*"]
     assert [float(r[3]) for r in destructive] == [0.0, 0.0, 0.0]
     states = [from_dict(State, d) for d in read_jsonl(tmp_path / "states.jsonl")]

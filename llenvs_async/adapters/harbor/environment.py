@@ -112,6 +112,7 @@ class HarborEnvironment(BaseEnvironment):
     """
 
     pure_step = False
+    reward_range = (0.0, 1.0)  # verifier rewards (Gymnasium convention; estimators read it)
 
     def __init__(
         self,
