@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from .._resource import AsyncResource
 from ..backends.base import Backend
-from ..types import Completion, GenerationRequest, SamplingParams
+from ..types import Completion, GenerationError, GenerationRequest, SamplingParams
 
 __all__ = ["RecordingBackend"]
 
@@ -28,7 +28,7 @@ class RecordingBackend(AsyncResource):
 
     async def generate(
         self, requests: Sequence[GenerationRequest], params: SamplingParams
-    ) -> list[Completion]:
+    ) -> Sequence[Completion | GenerationError]:
         self.calls.append(tuple(requests))
         self.params.append(params)
         self.in_flight += 1
