@@ -53,6 +53,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.vllm)
 
 
+_TIER_OUTCOMES: dict[str, int] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Count the tier's outcomes (a skip or failure in setup counts as the test's outcome)."""
+    if "vllm" not in report.keywords:
+        return
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        _TIER_OUTCOMES[report.outcome] = _TIER_OUTCOMES.get(report.outcome, 0) + 1
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _TIER_OUTCOMES:
+        counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(_TIER_OUTCOMES.items()))
+        terminalreporter.write_line(f"vllm tier (real engine): {counts}")
+
+
 @pytest.fixture(scope="session")
 def vllm_ready() -> str:
     """vLLM's version; skip (locally) or fail (CI) when it is not installed."""
