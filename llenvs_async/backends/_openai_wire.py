@@ -38,7 +38,8 @@ def render_plain_prompt(messages: Sequence[ChatMessage]) -> str:
     return "".join(f"{m.role}: {m.content}\n\n" for m in messages) + "assistant:"
 
 
-def _sampling_fields(params: SamplingParams) -> dict[str, Any]:
+def _sampling_fields(params: SamplingParams, seed: int | None) -> dict[str, Any]:
+    """Sampling fields of a request; ``seed`` is the request's own (not ``params.seed``)."""
     fields: dict[str, Any] = {
         "max_tokens": params.max_tokens,
         "temperature": params.temperature,
@@ -49,8 +50,8 @@ def _sampling_fields(params: SamplingParams) -> dict[str, Any]:
         fields["top_k"] = params.top_k
     if params.stop:
         fields["stop"] = list(params.stop)
-    if params.seed is not None:
-        fields["seed"] = params.seed
+    if seed is not None:
+        fields["seed"] = seed
     return fields
 
 
@@ -66,7 +67,7 @@ def chat_payload(
     payload: dict[str, Any] = {
         "model": model,
         "messages": [{"role": m.role, "content": m.content} for m in request.messages],
-        **_sampling_fields(params),
+        **_sampling_fields(params, request.seed),
     }
     if params.logprobs is not None:
         payload["logprobs"] = True
@@ -83,11 +84,16 @@ def completions_payload(
     prompts: Sequence[Prompt],
     params: SamplingParams,
     *,
+    seed: int | None = None,
     vllm_extras: bool,
     extra_body: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """Body of one ``POST /completions`` carrying a whole list of prompts."""
-    payload: dict[str, Any] = {"model": model, "prompt": list(prompts), **_sampling_fields(params)}
+    """Body of one ``POST /completions`` carrying a list of prompts that share ``seed``."""
+    payload: dict[str, Any] = {
+        "model": model,
+        "prompt": list(prompts),
+        **_sampling_fields(params, seed),
+    }
     if params.logprobs is not None:
         payload["logprobs"] = params.logprobs
     if vllm_extras:

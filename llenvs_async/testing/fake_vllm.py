@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "EngineDeadError",
     "FakeAsyncLLM",
     "FakeCompletionOutput",
     "FakeEngineError",
@@ -37,6 +38,10 @@ def fake_logprob(token_id: int) -> float:
 
 class FakeEngineError(RuntimeError):
     """What ``FakeAsyncLLM.generate`` raises for prompts matched by ``fail_when``."""
+
+
+class EngineDeadError(FakeEngineError):
+    """Named like vLLM's: the whole engine is gone (raised for prompts matched by ``die_when``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +104,8 @@ class FakeAsyncLLM:
 
     ``hold_until_in_flight=N``: each request waits until N are in flight at once (or
     ``hold_timeout`` passes). ``hang``: requests never finish (until cancelled).
-    ``fail_when(prompt_text)``: those requests raise ``FakeEngineError`` (after the hold).
+    ``fail_when(prompt_text)``: those requests raise ``FakeEngineError`` (after the hold);
+    ``die_when(prompt_text)``: they raise ``EngineDeadError``, as a crashed engine does.
     ``chunks``: how many cumulative outputs each request streams.
     """
 
@@ -114,6 +120,7 @@ class FakeAsyncLLM:
         hold_timeout: float = 10.0,
         hang: bool = False,
         fail_when: Callable[[str], bool] | None = None,
+        die_when: Callable[[str], bool] | None = None,
     ) -> None:
         self.tokenizer = tokenizer or FakeTokenizer()
         self.policy = policy or (lambda prompt: f"echo: {prompt[-24:]}")
@@ -121,6 +128,7 @@ class FakeAsyncLLM:
         self.chunks = max(1, chunks)
         self.hang = hang
         self.fail_when = fail_when
+        self.die_when = die_when
         self.requests: list[tuple[str, Any, Any]] = []
         self.aborted: list[str] = []
         self.in_flight: set[str] = set()
@@ -142,6 +150,8 @@ class FakeAsyncLLM:
         await self._enter(request_id)
         try:
             await self._hold()
+            if self.die_when is not None and self.die_when(prompt_text):
+                raise EngineDeadError("EngineCore encountered an issue (fake)")
             if self.fail_when is not None and self.fail_when(prompt_text):
                 raise FakeEngineError(f"fake engine failure for request {request_id}")
             ids = self.tokenizer.encode(self.policy(prompt_text), add_special_tokens=False)

@@ -121,7 +121,8 @@ class OpenAITestServer:
     ``hold_timeout`` passes; then holding stops), so a test can prove that a batch is
     concurrent, or, with N above a client's bound, that the bound holds.
     ``reverse_choices`` returns completions choices in reverse order (clients must
-    map them by ``index``).
+    map them by ``index``). ``max_model_len`` rejects, like vLLM (HTTP 400, its
+    message), a request with any prompt longer than that many fake tokens.
     """
 
     def __init__(
@@ -132,9 +133,11 @@ class OpenAITestServer:
         hold_until_in_flight: int | None = None,
         hold_timeout: float = 10.0,
         reverse_choices: bool = False,
+        max_model_len: int | None = None,
         model: str = "fake-model",
     ) -> None:
         self.policy = policy
+        self.max_model_len = max_model_len
         self.model = model
         self.reverse_choices = reverse_choices
         self.requests: list[RecordedRequest] = []
@@ -265,15 +268,31 @@ class OpenAITestServer:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
                 return 400, _error(400, "'messages' must be a non-empty list")
-            return 200, self._chat(body, messages)
+            too_long = self._context_error([fake_token_ids(_render_chat(messages))])
+            return too_long or (200, self._chat(body, messages))
         prompt = body.get("prompt")
         prompts = prompt if isinstance(prompt, list) and not _is_token_list(prompt) else [prompt]
         if not prompts or not all(isinstance(p, str) or _is_token_list(p) for p in prompts):
             return 400, _error(400, "'prompt' must be a string, token ids, or a list of those")
-        return 200, self._completions(body, prompts)
+        too_long = self._context_error(
+            [p if isinstance(p, list) else fake_token_ids(str(p)) for p in prompts]
+        )
+        return too_long or (200, self._completions(body, prompts))
+
+    def _context_error(self, prompt_ids: list[list[int]]) -> tuple[int, dict[str, Any]] | None:
+        """vLLM's 400 for a prompt over ``max_model_len`` (one bad prompt fails the list)."""
+        longest = max(len(ids) for ids in prompt_ids)
+        if self.max_model_len is None or longest <= self.max_model_len:
+            return None
+        message = (
+            f"This model's maximum context length is {self.max_model_len} tokens. However, "
+            f"your prompt contains {longest} input tokens, which exceeds this limit even "
+            "without any output tokens. Please reduce the length of the input prompt."
+        )
+        return 400, _error(400, message)
 
     def _chat(self, body: Mapping[str, Any], messages: list[Any]) -> dict[str, Any]:
-        rendered = "".join(f"<{m.get('role')}>{m.get('content')}" for m in messages)
+        rendered = _render_chat(messages)
         choices = []
         for j in range(int(body.get("n") or 1)):
             text, ids, finish = _sample(self.policy(messages), body)
@@ -337,6 +356,7 @@ def serve_openai_compatible(
     hold_until_in_flight: int | None = None,
     hold_timeout: float = 10.0,
     reverse_choices: bool = False,
+    max_model_len: int | None = None,
     model: str = "fake-model",
 ) -> OpenAITestServer:
     """A not-yet-started server: ``async with serve_openai_compatible(...) as server``."""
@@ -346,6 +366,7 @@ def serve_openai_compatible(
         hold_until_in_flight=hold_until_in_flight,
         hold_timeout=hold_timeout,
         reverse_choices=reverse_choices,
+        max_model_len=max_model_len,
         model=model,
     )
 
@@ -361,6 +382,10 @@ def _sample(text: str, body: Mapping[str, Any]) -> tuple[str, list[int], str]:
     if len(text) > max_tokens:
         text, finish = text[:max_tokens], "length"
     return text, fake_token_ids(text), finish
+
+
+def _render_chat(messages: list[Any]) -> str:
+    return "".join(f"<{m.get('role')}>{m.get('content')}" for m in messages)
 
 
 def _is_token_list(value: Any) -> bool:

@@ -10,25 +10,44 @@ import httpx
 import pytest
 
 from llenvs_async.backends.openai import OpenAIBackend, render_plain_prompt
-from llenvs_async.errors import BackendError, BackendTimeoutError, ClosedError
+from llenvs_async.errors import (
+    BackendError,
+    BackendTimeoutError,
+    ClosedError,
+    ContextLengthError,
+)
 from llenvs_async.testing.openai_server import (
     Fault,
     fake_logprob,
     fake_token_ids,
     serve_openai_compatible,
 )
-from llenvs_async.types import ChatMessage, GenerationRequest, SamplingParams
+from llenvs_async.types import (
+    ChatMessage,
+    Completion,
+    GenerationError,
+    GenerationRequest,
+    SamplingParams,
+)
 
 PARAMS = SamplingParams(max_tokens=64, temperature=0.7, top_p=0.9, seed=3)
 
 
-def request(text: str, *, token_ids: tuple[int, ...] | None = None) -> GenerationRequest:
+def request(
+    text: str,
+    *,
+    token_ids: tuple[int, ...] | None = None,
+    seed: int | None = None,
+    rollout_index: int = 0,
+) -> GenerationRequest:
     return GenerationRequest(
         messages=(
             ChatMessage(role="system", content="be brief"),
             ChatMessage(role="user", content=text),
         ),
         prompt_token_ids=token_ids,
+        seed=seed,
+        rollout_index=rollout_index,
     )
 
 
@@ -85,8 +104,8 @@ async def test_chat_payload_maps_sampling_params_and_extras(
         serve_openai_compatible() as server,
         OpenAIBackend(server.base_url, "m", extra_body={"min_p": 0.1, "n": 1}) as llm,
     ):
-        await llm.generate([request("a")], params)
-        await llm.generate([request("b")], SamplingParams(top_k=-1, logprobs=None))
+        await llm.generate([request("a", seed=11)], params)
+        await llm.generate([request("b")], SamplingParams(top_k=-1, logprobs=None, seed=5))
     first, second = (r.json for r in server.requests)
     assert server.requests[0].headers["authorization"] == "Bearer sk-from-env"
     assert first["model"] == "m"
@@ -97,7 +116,28 @@ async def test_chat_payload_maps_sampling_params_and_extras(
     assert (first["max_tokens"], first["top_k"], first["stop"], first["seed"]) == (5, 7, ["\n"], 11)
     assert (first["logprobs"], first["top_logprobs"], first["return_token_ids"]) == (True, 2, True)
     assert first["min_p"] == 0.1
+    # The seed sent is the request's own; the base seed in params is not sent.
     assert "top_k" not in second and "logprobs" not in second and "seed" not in second
+
+
+async def test_every_request_sends_its_own_seed_in_both_modes() -> None:
+    seeds = [101, 102, 101, None]
+    batch = [request(f"t{i}", seed=s, rollout_index=i) for i, s in enumerate(seeds)]
+    async with serve_openai_compatible() as server:
+        async with backend(server.base_url) as llm:
+            await llm.generate(batch, PARAMS)
+        chat_seeds = sorted(
+            (r.json["messages"][1]["content"], r.json.get("seed")) for r in server.requests
+        )
+        assert chat_seeds == [("t0", 101), ("t1", 102), ("t2", 101), ("t3", None)]
+        server.requests.clear()
+        async with backend(server.base_url, mode="completions") as llm:
+            completions = await llm.generate(batch, PARAMS)
+    # One /completions request per seed: prompts sharing a seed (or none) stay batched.
+    by_seed = {r.json.get("seed"): r.json["prompt"] for r in server.requests}
+    rendered = [render_plain_prompt(r.messages) for r in batch]
+    assert by_seed == {101: [rendered[0], rendered[2]], 102: [rendered[1]], None: [rendered[3]]}
+    assert [c.text for c in completions] == [f"echo: {p}"[:64] for p in rendered]
 
 
 async def test_vllm_extras_off_sends_a_plain_request() -> None:
@@ -209,17 +249,50 @@ async def test_backoff_grows_exponentially_with_jitter() -> None:
         assert 2**attempt / 2 <= delay <= 2**attempt
 
 
-async def test_400_is_a_clear_error_and_not_retried() -> None:
+async def test_a_400_is_that_requests_own_error_naming_it_and_not_retried() -> None:
     fault = Fault.http_error(400, message="temperature must be >= 0")
     async with serve_openai_compatible(faults=[fault]) as server, backend(server.base_url) as llm:
-        with pytest.raises(BackendError) as info:
-            await llm.generate([request("x")], PARAMS)
+        [outcome] = await llm.generate([request("x", rollout_index=7)], PARAMS)
     url = f"{server.base_url}/chat/completions"
-    message = str(info.value)
+    assert isinstance(outcome, GenerationError)
+    assert outcome.request_index == 0
+    error = outcome.error
+    assert type(error) is BackendError
+    message = str(error)
     assert len(server.requests) == 1
+    assert "request 0 of the round (rollout 7, step 0)" in message
     assert url in message and "HTTP 400" in message and "temperature must be >= 0" in message
-    assert (info.value.status_code, info.value.url) == (400, url)
-    assert "temperature must be >= 0" in (info.value.body or "")
+    assert (error.status_code, error.url) == (400, url)
+    assert "temperature must be >= 0" in (error.body or "")
+
+
+async def test_a_prompt_over_the_context_window_is_a_context_length_error_chat() -> None:
+    async with (
+        serve_openai_compatible(max_model_len=60) as server,
+        backend(server.base_url) as llm,
+    ):
+        short, long = await llm.generate([request("hi"), request("x" * 80)], PARAMS)
+    assert isinstance(short, Completion) and short.text == "echo: hi"
+    assert isinstance(long, GenerationError) and long.request_index == 1
+    assert isinstance(long.error, ContextLengthError)
+    assert long.error.status_code == 400
+    assert "maximum context length is 60 tokens" in str(long.error)
+
+
+async def test_completions_batch_with_one_prompt_too_long_fails_only_that_prompt() -> None:
+    batch = [request("a"), request("y" * 80), request("b")]
+    async with (
+        serve_openai_compatible(max_model_len=60) as server,
+        backend(server.base_url, mode="completions") as llm,
+    ):
+        first, long, last = await llm.generate(batch, PARAMS)
+    # The server rejects the whole list; each prompt is then sent alone.
+    assert [len(r.json["prompt"]) for r in server.requests] == [3, 1, 1, 1]
+    assert isinstance(first, Completion) and isinstance(last, Completion)
+    assert first.text == f"echo: {render_plain_prompt(batch[0].messages)}"
+    assert isinstance(long, GenerationError) and long.request_index == 1
+    assert isinstance(long.error, ContextLengthError)
+    assert "request 1 of the round" in str(long.error)
 
 
 @pytest.mark.parametrize(
@@ -275,11 +348,26 @@ async def test_connection_refused_is_retried_then_a_backend_error() -> None:
     assert isinstance(info.value.__cause__, httpx.ConnectError)
 
 
-async def test_one_failed_chat_request_fails_the_batch_without_orphans() -> None:
-    # The first request to arrive fails; the other three would hang for 10 minutes.
-    faults = [Fault.http_error(422, message="bad prompt"), Fault.delayed(600.0, times=3)]
+async def test_one_rejected_chat_request_leaves_its_siblings_complete() -> None:
+    faults = [Fault.http_error(422, message="bad prompt")]
     async with serve_openai_compatible(faults=faults) as server, backend(server.base_url) as llm:
-        with pytest.raises(BackendError, match="HTTP 422"):
+        outcomes = await llm.generate([request(f"t{i}") for i in range(4)], PARAMS)
+    failed = [o for o in outcomes if isinstance(o, GenerationError)]
+    assert len(failed) == 1 and failed[0].error.status_code == 422
+    assert sorted(o.text for o in outcomes if isinstance(o, Completion)) == sorted(
+        f"echo: t{i}" for i in range(4) if i != failed[0].request_index
+    )
+    assert len(server.requests) == 4
+
+
+async def test_a_server_error_after_retries_fails_the_round_without_orphans() -> None:
+    # The first request to arrive gets a 503 (no retries left); the other three would hang.
+    faults = [Fault.http_error(503, message="overloaded"), Fault.delayed(600.0, times=3)]
+    async with (
+        serve_openai_compatible(faults=faults) as server,
+        backend(server.base_url, max_retries=0) as llm,
+    ):
+        with pytest.raises(BackendError, match="HTTP 503"):
             await llm.generate([request(f"t{i}") for i in range(4)], PARAMS)
         other = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
     assert [t for t in other if "OpenAIBackend" in getattr(t.get_coro(), "__qualname__", "")] == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import re
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -12,22 +13,32 @@ import pytest
 
 from llenvs_async.backends._vllm_compat import sampling_kwargs
 from llenvs_async.backends.vllm import VLLMBackend
-from llenvs_async.errors import BackendError, ClosedError
+from llenvs_async.errors import BackendError, ClosedError, ContextLengthError
 from llenvs_async.testing.fake_vllm import (
+    EngineDeadError,
     FakeAsyncLLM,
     FakeEngineError,
     FakeTokenizer,
     fake_logprob,
 )
-from llenvs_async.types import ChatMessage, GenerationRequest, SamplingParams
+from llenvs_async.types import ChatMessage, GenerationError, GenerationRequest, SamplingParams
 
 PARAMS = SamplingParams(max_tokens=32, temperature=0.5, seed=1)
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 
-def request(text: str, *, token_ids: tuple[int, ...] | None = None) -> GenerationRequest:
+def request(
+    text: str,
+    *,
+    token_ids: tuple[int, ...] | None = None,
+    seed: int | None = None,
+    rollout_index: int = 0,
+) -> GenerationRequest:
     return GenerationRequest(
-        messages=(ChatMessage(role="user", content=text),), prompt_token_ids=token_ids
+        messages=(ChatMessage(role="user", content=text),),
+        prompt_token_ids=token_ids,
+        seed=seed,
+        rollout_index=rollout_index,
     )
 
 
@@ -91,22 +102,69 @@ async def test_cancelling_generate_aborts_every_in_flight_request() -> None:
     assert engine.in_flight == set()
 
 
-async def test_engine_error_is_a_backend_error_and_aborts_the_others() -> None:
+async def test_an_engine_error_for_one_request_is_its_own_generation_error() -> None:
     n = 4
     engine = FakeAsyncLLM(
-        hold_until_in_flight=n, hang=True, fail_when=lambda prompt: "boom" in prompt
+        hold_until_in_flight=n, policy=user_text, fail_when=lambda prompt: "boom" in prompt
     )
     backend = VLLMBackend(engine)
-    batch = [request("ok 0"), request("boom"), request("ok 2"), request("ok 3")]
-    with pytest.raises(BackendError, match="FakeEngineError: fake engine failure") as info:
-        await backend.generate(batch, PARAMS)
-    assert isinstance(info.value.__cause__, FakeEngineError)
-    others = {rid for rid, prompt, _ in engine.requests if user_text(prompt_text(prompt)) != "boom"}
-    assert len(others) == n - 1
-    assert others <= set(engine.aborted)
-    # The failed request is aborted too (vLLM does it itself; doing it again is harmless).
-    assert set(engine.aborted) == {rid for rid, _, _ in engine.requests}
+    batch = [request("ok 0"), request("boom", rollout_index=9), request("ok 2"), request("ok 3")]
+    outcomes = await backend.generate(batch, PARAMS)
+    assert engine.max_in_flight == n
+    failed = outcomes[1]
+    assert isinstance(failed, GenerationError) and failed.request_index == 1
+    assert type(failed.error) is BackendError
+    assert isinstance(failed.error.__cause__, FakeEngineError)
+    message = str(failed.error)
+    assert "request 1 of the round, rollout 9, step 0" in message
+    assert "FakeEngineError: fake engine failure" in message
+    assert [o.text for i, o in enumerate(outcomes) if i != 1] == ["ok 0", "ok 2", "ok 3"]
+    # The failed request is aborted (vLLM does it itself; doing it again is harmless).
+    [failed_id] = [rid for rid, p, _ in engine.requests if user_text(prompt_text(p)) == "boom"]
+    assert engine.aborted == [failed_id]
     assert engine.in_flight == set()
+
+
+async def test_a_context_length_message_becomes_a_context_length_error() -> None:
+    class TooLong(FakeAsyncLLM):
+        async def generate(self, prompt: Any, sampling_params: Any, request_id: str, **kw: Any):  # type: ignore[no-untyped-def]
+            raise ValueError(
+                "The decoder prompt (length 1100) is longer than the maximum model length of 1024."
+            )
+            yield  # an async generator, like AsyncLLM.generate
+
+    [outcome] = await VLLMBackend(TooLong()).generate([request("x")], PARAMS)
+    assert isinstance(outcome, GenerationError)
+    assert isinstance(outcome.error, ContextLengthError)
+
+
+async def test_a_dead_engine_fails_the_round_and_aborts_the_others() -> None:
+    n = 4
+    engine = FakeAsyncLLM(hold_until_in_flight=n, hang=True, die_when=lambda p: "boom" in p)
+    backend = VLLMBackend(engine)
+    batch = [request("ok 0"), request("boom"), request("ok 2"), request("ok 3")]
+    with pytest.raises(BackendError, match="EngineDeadError") as info:
+        await backend.generate(batch, PARAMS)
+    assert isinstance(info.value.__cause__, EngineDeadError)
+    assert set(engine.aborted) == {rid for rid, _, _ in engine.requests}
+    assert len(engine.aborted) == n
+    assert engine.in_flight == set()
+
+
+async def test_every_request_is_sent_with_its_own_seed() -> None:
+    engine = FakeAsyncLLM()
+    seeds = [7, 8, None]
+    batch = [request(f"t{i}", seed=s) for i, s in enumerate(seeds)]
+    await VLLMBackend(engine).generate(batch, PARAMS)
+    sent = {user_text(prompt_text(p)): _seed_of(sp) for _, p, sp in engine.requests}
+    # PARAMS.seed (the run's base seed) is never sent: the runner derived the request seeds.
+    assert sent == {"t0": 7, "t1": 8, "t2": None}
+
+
+def _seed_of(sampling_params: Any) -> Any:
+    if isinstance(sampling_params, Mapping):
+        return sampling_params.get("seed")
+    return sampling_params.seed
 
 
 def prompt_text(prompt: Any) -> str:
@@ -143,9 +201,12 @@ async def test_an_explicit_tokenizer_is_used_and_template_errors_are_backend_err
         def apply_chat_template(self, *args: Any, **kwargs: Any) -> str:
             raise ValueError("no chat template")
 
-    backend = VLLMBackend(FakeAsyncLLM(), tokenizer=BrokenTokenizer())
-    with pytest.raises(BackendError, match=r"chat templating failed.*no chat template"):
-        await backend.generate([request("x")], PARAMS)
+    engine = FakeAsyncLLM()
+    backend = VLLMBackend(engine, tokenizer=BrokenTokenizer())
+    [outcome] = await backend.generate([request("x")], PARAMS)
+    assert isinstance(outcome, GenerationError) and isinstance(outcome.error, BackendError)
+    assert re.search(r"chat templating failed for request 0 .*no chat template", str(outcome.error))
+    assert engine.requests == []
 
 
 async def test_request_ids_are_unique_across_calls() -> None:
@@ -166,9 +227,9 @@ def test_sampling_kwargs_map_every_field() -> None:
         "top_p": 0.8,
         "top_k": 5,
         "stop": ["x"],
-        "seed": 4,
         "logprobs": 0,
     }
+    assert sampling_kwargs(params, seed=12)["seed"] == 12
     assert sampling_kwargs(SamplingParams(top_k=0, logprobs=None)).keys() == {
         "n",
         "max_tokens",
@@ -180,7 +241,10 @@ def test_sampling_kwargs_map_every_field() -> None:
 async def test_without_vllm_the_engine_receives_the_sampling_kwargs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm...` fail
+    # Makes `import vllm...` fail, also for submodules an earlier test already imported.
+    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, "vllm", None)
     engine = FakeAsyncLLM()
     await VLLMBackend(engine).generate([request("a")], PARAMS)
     _, prompt, sampling_params = engine.requests[0]
@@ -239,4 +303,5 @@ def test_real_sampling_params_are_built_when_vllm_is_importable() -> None:
     from llenvs_async.backends._vllm_compat import make_sampling_params
 
     built = make_sampling_params(PARAMS)
-    assert (built.max_tokens, built.temperature, built.seed) == (32, 0.5, 1)
+    assert (built.max_tokens, built.temperature, built.seed) == (32, 0.5, None)
+    assert make_sampling_params(PARAMS, seed=5).seed == 5

