@@ -4,7 +4,6 @@ for B = 1..1024 rollouts, side by side with the seed's threaded design.
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import os
 import time
@@ -14,6 +13,7 @@ from statistics import median
 from typing import Any
 
 from llenvs_async import State, TrajectoryRunner
+from llenvs_async._loop import run as run_on_loop
 from llenvs_async.envs import CounterEnv
 
 from ._common import Result, Target, bench_main, fmt_spread, make_result, plot, spread, table
@@ -39,6 +39,7 @@ QUICK: dict[str, Any] = {
     "repeats": 1,
 }
 TARGET_B = 256
+TARGET_LARGE_B = 1024
 SEED_WORKERS = min(32, (os.cpu_count() or 1) + 4)  # ThreadPoolExecutor's default
 
 
@@ -71,9 +72,9 @@ class Workload:
         return Sample(wall, critical_path(delays, self.generate_latency), self.size * self.steps)
 
 
-def run_ours(w: Workload) -> Sample:
+def run_ours(w: Workload, loop: str = "asyncio") -> Sample:
     """The framework: TrajectoryRunner's multi-instance lockstep path."""
-    return asyncio.run(_ours(w))
+    return run_on_loop(_ours(w), loop=loop)
 
 
 async def _ours(w: Workload) -> Sample:
@@ -91,9 +92,9 @@ async def _ours(w: Workload) -> Sample:
     return w.sample(wall, [t.final_state for t in trajs], [e.delays for e in envs])
 
 
-def run_floor(w: Workload) -> Sample:
+def run_floor(w: Workload, loop: str = "asyncio") -> Sample:
     """A bare asyncio.gather lockstep loop over the same environments and backend."""
-    return asyncio.run(_floor(w))
+    return run_on_loop(_floor(w), loop=loop)
 
 
 async def _floor(w: Workload) -> Sample:
@@ -123,6 +124,8 @@ def run_seed(w: Workload, workers: int | None) -> Sample:
 SIDES: dict[str, Callable[[Workload], Sample]] = {
     "ours": run_ours,
     "asyncio floor": run_floor,
+    "ours, uvloop": lambda w: run_ours(w, "uvloop"),
+    "floor, uvloop": lambda w: run_floor(w, "uvloop"),
     "seed": lambda w: run_seed(w, None),
     "seed, workers=B": lambda w: run_seed(w, w.size),
 }
@@ -177,6 +180,8 @@ def run(quick: bool = False) -> Result:
                 median([s.wall for s in ours]),
                 fmt_spread(o),
                 median(_overheads(lat["asyncio floor"][b])),
+                median(_overheads(lat["ours, uvloop"][b])),
+                median(_overheads(lat["floor, uvloop"][b])),
                 median([s.wall for s in seed]),
                 median(_overheads(seed)),
                 median(_speedups(seed, ours)),
@@ -193,6 +198,8 @@ def run(quick: bool = False) -> Result:
                 b,
                 fmt_spread(r),
                 median(_rate(zero["asyncio floor"][b])),
+                median(_rate(zero["ours, uvloop"][b])),
+                median(_rate(zero["floor, uvloop"][b])),
                 median(_rate(seed)),
                 median(_rate(wide)),
                 median(_speedups(seed, ours)),
@@ -203,8 +210,15 @@ def run(quick: bool = False) -> Result:
     speedup_tb = median(_speedups(lat["seed"][tb], lat["ours"][tb]))
     floor_tb = median(_overheads(lat["asyncio floor"][tb]))
     step_us = {side: 1e6 / median(_rate(zero[side][tb])) for side in ("ours", "asyncio floor")}
+    large = TARGET_LARGE_B if TARGET_LARGE_B in sizes else sizes[-1]
+    uv_tb = median(_overheads(lat["ours, uvloop"][tb]))
+    uv_large = median(_overheads(lat["ours, uvloop"][large]))
     targets = [
         Target(f"lockstep overhead at B={tb}", overhead_tb, 1.05, "<=", "x", "median wall / CP"),
+        Target(f"lockstep overhead at B={tb}, uvloop", uv_tb, 1.05, "<=", "x", "median wall / CP"),
+        Target(
+            f"lockstep overhead at B={large}, uvloop", uv_large, 1.15, "<=", "x", "median wall / CP"
+        ),
         Target(f"speedup over the seed at B={tb}", speedup_tb, 10.0, ">=", "x", "median ratio"),
     ]
     series = {side: [(b, median(_overheads(lat[side][b]))) for b in sizes] for side in SIDES}
@@ -222,6 +236,8 @@ def run(quick: bool = False) -> Result:
                     "ours wall",
                     "ours overhead (min-max)",
                     "asyncio floor overhead",
+                    "ours, uvloop",
+                    "floor, uvloop",
                     f"seed wall ({SEED_WORKERS} workers)",
                     "seed overhead",
                     "seed / ours",
@@ -232,7 +248,16 @@ def run(quick: bool = False) -> Result:
             ),
             table(
                 "Zero latency: rollout-steps per second (pure Python overhead)",
-                ["B", "ours (min-max)", "asyncio floor", "seed", "seed, workers=B", "ours / seed"],
+                [
+                    "B",
+                    "ours (min-max)",
+                    "asyncio floor",
+                    "ours, uvloop",
+                    "floor, uvloop",
+                    "seed",
+                    "seed, workers=B",
+                    "ours / seed",
+                ],
                 rate_rows,
             ),
         ],

@@ -8,6 +8,8 @@ from typing import TypeVar
 import anyio
 from rich.console import Console
 
+from .._loop import resolve_loop
+
 __all__ = ["CliError", "console", "err_console", "run_async"]
 
 T = TypeVar("T")
@@ -25,9 +27,14 @@ class CliError(Exception):
 
 
 def run_async(fn: Callable[[], Awaitable[T]]) -> T:
-    """Run a command's async body: the command's one and only event loop."""
+    """Run a command's async body: the command's one and only event loop (uvloop when
+    installed; ``LLENVS_LOOP=asyncio`` opts out)."""
 
     async def body() -> T:
         return await fn()
 
-    return anyio.run(body)
+    try:
+        use_uvloop = resolve_loop() == "uvloop"
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    return anyio.run(body, backend_options={"use_uvloop": use_uvloop})

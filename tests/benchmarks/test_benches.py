@@ -56,3 +56,15 @@ def test_restore_quick_leaves_no_container() -> None:
     check_result(result, "restore")
     assert result["params"]["leftover"] == 0
     assert set(result["data"]) == set(bench_restore.MODES)
+
+
+def test_refill_quick() -> None:
+    from benchmarks import bench_refill
+
+    result = bench_refill.run(quick=True)
+    check_result(result, "refill")
+    rows = {row[0]: row for row in result["tables"][0]["rows"]}
+    assert set(rows) == {"refill", "chunks"}
+    # structure, not speed: one generate per round, the cap held, fewer rounds than chunks
+    assert rows["refill"][2] == rows["refill"][3] and rows["refill"][4] <= 4
+    assert rows["refill"][2] < rows["chunks"][2]
