@@ -1,0 +1,76 @@
+"""WarmPool: ready containers with an open shell, refilled in the background, never leaked."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from llenvs_async.docker import ContainerSpec, DockerEngine
+from llenvs_async.docker.pool import POOL_LABEL, WarmPool
+from llenvs_async.errors import ClosedError
+
+
+async def _labelled(engine: DockerEngine) -> int:
+    return len(await engine.list_containers({POOL_LABEL: "warm", **engine.labels}))
+
+
+async def test_take_hands_over_a_ready_container_and_refills(
+    engine: DockerEngine, busybox_image: str
+) -> None:
+    spec = ContainerSpec(image=busybox_image)
+    async with WarmPool(engine, size=2) as pool:
+        await pool.fill(spec)
+        assert pool.ready(spec) == 2 and pool.created == 2
+        warm = await pool.take(spec)
+        try:
+            assert pool.hits == 1 and pool.misses == 0
+            result = await warm.shell.run("echo ready")
+            assert result.output == "ready\n" and result.exit_code == 0
+            await pool.fill(spec)  # the background refill brings it back to size
+            assert pool.ready(spec) == 2 and pool.created == 3
+            assert await _labelled(engine) == 3  # two pooled + the one taken
+        finally:
+            await warm.container.aclose()
+    assert await _labelled(engine) == 0
+
+
+async def test_a_cold_take_creates_one_and_the_pool_stays_bounded(
+    engine: DockerEngine, busybox_image: str
+) -> None:
+    spec = ContainerSpec(image=busybox_image)
+    async with WarmPool(engine, size=2) as pool:
+        taken = await asyncio.gather(*(pool.take(spec) for _ in range(3)))
+        try:
+            assert pool.misses == 3
+            await pool.fill(spec)
+            assert pool.ready(spec) == 2  # bounded by size, whatever was taken
+        finally:
+            for warm in taken:
+                await warm.container.aclose()
+
+
+async def test_closing_mid_refill_leaves_no_container(
+    engine: DockerEngine, busybox_image: str
+) -> None:
+    spec = ContainerSpec(image=busybox_image)
+    pool = WarmPool(engine, size=4)
+    warm = await pool.take(spec)  # starts 3 creations in the background
+    await warm.container.aclose()
+    await pool.aclose()  # while they are still being created
+    assert await _labelled(engine) == 0
+    with pytest.raises(ClosedError):
+        await pool.take(spec)
+
+
+async def test_a_cancelled_take_leaves_no_container(
+    engine: DockerEngine, busybox_image: str
+) -> None:
+    spec = ContainerSpec(image=busybox_image)
+    async with WarmPool(engine, size=2) as pool:
+        task = asyncio.ensure_future(pool.take(spec))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert await _labelled(engine) == 0
