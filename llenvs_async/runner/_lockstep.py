@@ -7,6 +7,7 @@ from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Coroutine, Sequence
 from typing import Any, Literal
 
+from .._shield import shielded
 from ..errors import BackendError, ContextLengthError, EnvError, StepTimeoutError
 from ..types import Action, GenerationError, Trajectory, Transition
 from ._config import RunConfig
@@ -21,7 +22,7 @@ Schedule = Literal["refill", "chunks"]
 
 
 class _Run:
-    """One call's scheduling state: what is pending, live and closing."""
+    """One call's scheduling state: what is pending, preparing, live and closing."""
 
     def __init__(
         self,
@@ -34,13 +35,15 @@ class _Run:
         self.pending = deque(specs)
         self.started: list[Rollout] = []
         self.active: list[Rollout] = []
-        self.new: list[Rollout] = []
+        self.new: list[Rollout] = []  # prepared: they join the next round
+        self.preparing: dict[asyncio.Task[None], Rollout] = {}
         self.closer = Closer(cfg, on_freed=self.report)
 
     def live(self) -> int:
         """Rollouts holding (or about to hold) an instance, closing ones included."""
         busy = sum(1 for r in self.active if not r.finished)
-        return busy + sum(1 for r in self.new if not r.finished) + self.closer.closing
+        busy += sum(1 for r in self.new if not r.finished)
+        return busy + len(self.preparing) + self.closer.closing
 
     def report(self) -> None:
         if self.shared is not None:
@@ -55,19 +58,47 @@ class _Run:
 
     def take(self, n: int) -> list[Rollout]:
         batch = [Rollout(spec=self.pending.popleft()) for _ in range(n)]
-        self.new.extend(batch)
         self.started.extend(batch)
         self.cfg.stats.rollouts_started(n)
-        self.report()
         return batch
 
-    def room_waits(self) -> list[Coroutine[Any, Any, None]]:
-        """What frees a slot: one of our instances closing, or (shared cap) another run
-        giving slots back. Rollouts of a pure environment free theirs as they finish."""
-        waits = [self.closer.freed_since(self.closer.freed)]
+    def spawn(self) -> None:
+        """Start preparing as many pending inputs as there are free slots (background)."""
+        loop = asyncio.get_running_loop()
+        for rollout in self.take(self.room()):
+            task = loop.create_task(prepare_one(rollout, self.cfg, self.closer))
+            self.preparing[task] = rollout
+        self.report()
+
+    def harvest(self) -> None:
+        """Move finished preparations to ``new``; a programming error in one propagates."""
+        for task in [t for t in self.preparing if t.done()]:
+            rollout = self.preparing.pop(task)
+            task.result()
+            self.new.append(rollout)
+
+    def room_waits(self) -> list[Coroutine[Any, Any, Any]]:
+        """What frees a slot: one of our instances closing, a preparation ending, or
+        (shared cap) another run giving slots back."""
+        waits: list[Coroutine[Any, Any, Any]] = [self.closer.freed_since(self.closer.freed)]
+        if self.preparing:
+            waits.append(asyncio.wait(set(self.preparing), return_when=asyncio.FIRST_COMPLETED))
         if self.shared is not None:
             waits.append(self.shared.freed_since(self.shared.freed))
         return waits
+
+    async def stop_preparing(self) -> None:
+        """Cancel preparations still running; an instance made meanwhile is registered
+        (and then closed by the caller's drain)."""
+        if not self.preparing:
+            return
+        for task in self.preparing:
+            task.cancel()
+        await shielded(asyncio.wait(set(self.preparing)), within=self.cfg.close_timeout)
+        for task in self.preparing:
+            if not task.cancelled():
+                task.exception()  # retrieved: the run is ending for another reason
+        self.preparing.clear()
 
 
 async def run_rollouts(
@@ -81,18 +112,18 @@ async def run_rollouts(
     rollouts finish.
 
     ``refill``: a slot freed by a finished rollout (its instance closed) takes the next
-    input, prepared while the current round runs, so it joins the next round.
-    ``chunks``: the next ``limit`` inputs start only when the previous ones are all
-    done and closed (the seed's behaviour). Each round makes one generate call.
+    input, prepared in the background while rounds go on; it joins the first round after
+    it is ready. ``chunks``: the next ``limit`` inputs start only when the previous ones
+    are all done and closed (the seed's behaviour). Each round makes one generate call.
     Finished instances close in the background and keep their slot until closed;
     ``shared`` caps live instances across concurrent runs. No task group is open across
-    a ``yield``, so abandoning or cancelling the iteration is safe; ``finally`` closes
-    every instance still open, shielded and bounded.
+    a ``yield``, so abandoning or cancelling the iteration is safe; ``finally`` stops the
+    preparations and closes every instance still open, shielded and bounded.
     """
     run = _Run(specs, cfg, limit, shared)
     emitted = 0
     try:
-        while run.pending or run.active:
+        while run.pending or run.active or run.preparing:
             if schedule == "chunks":
                 await _chunk_step(run)
             else:
@@ -105,9 +136,12 @@ async def run_rollouts(
                     yield _emit(rollout, cfg)
     finally:
         cfg.stats.active_rollouts -= len(run.started) - emitted
-        await run.closer.drain(run.started)
-        if shared is not None:
-            shared.release(id(run))
+        try:
+            await run.stop_preparing()
+        finally:
+            await run.closer.drain(run.started)
+            if shared is not None:
+                shared.release(id(run))
 
 
 async def _chunk_step(run: _Run) -> None:
@@ -119,54 +153,42 @@ async def _chunk_step(run: _Run) -> None:
     if n == 0:  # every slot is another run's (shared cap)
         await _first_of(run.room_waits())
         return
-    await _unwrapped(prepare(run.take(n), run.cfg, run.closer))
+    run.new = run.take(n)
+    run.report()
+    await _unwrapped(prepare(run.new, run.cfg, run.closer))
 
 
 async def _refill_step(run: _Run) -> None:
-    """One round for the active rollouts while free slots take the next inputs; a slot
-    that frees during the round (an instance closed) is refilled in the same round.
-    """
-    if not run.pending:
-        await _round(run.active, run.cfg, run.closer)
-        return
-    round_over = asyncio.Event()
-
-    async def round_() -> None:
+    """One round for the active rollouts; meanwhile every slot that is or becomes free
+    (an instance closed) starts preparing the next input, which joins the first round
+    after it is ready. With nothing to step, wait for every preparation in flight."""
+    run.spawn()
+    if run.active:
+        round_task = asyncio.ensure_future(_round(run.active, run.cfg, run.closer))
         try:
-            await _round(run.active, run.cfg, run.closer)
+            while not round_task.done():
+                await _first_of(run.room_waits() if run.pending else [], keep=round_task)
+                run.spawn()
         finally:
-            round_over.set()
-
-    async def refill(tg: asyncio.TaskGroup) -> None:
-        while run.pending:
-            n = run.room()
-            if n:
-                for rollout in run.take(n):
-                    tg.create_task(prepare_one(rollout, run.cfg, run.closer))
-                continue
-            if round_over.is_set():
-                if run.active or run.new:
-                    return  # what is prepared joins the next round
-                await _first_of(run.room_waits())  # every slot is closing or another run's
-            else:
-                await _first_of([round_over.wait(), *run.room_waits()])
-
-    try:
-        async with asyncio.TaskGroup() as tg:
-            if run.active:
-                tg.create_task(round_())
-            else:
-                round_over.set()
-            tg.create_task(refill(tg))
-    except BaseExceptionGroup as group:
-        raise _first(group) from None
+            if not round_task.done():  # we are being cancelled: so is the round
+                round_task.cancel()
+                await asyncio.wait({round_task})
+        round_task.result()
+    elif run.preparing:  # nothing to step: the first round starts with all of them
+        await asyncio.wait(set(run.preparing))
+    else:  # every slot is closing or another run's
+        await _first_of(run.room_waits())
+    run.harvest()
 
 
-async def _first_of(waits: Sequence[Coroutine[Any, Any, Any]]) -> None:
-    """Wait until the first of ``waits`` returns; the others are cancelled."""
+async def _first_of(
+    waits: Sequence[Coroutine[Any, Any, Any]], keep: asyncio.Future[Any] | None = None
+) -> None:
+    """Wait until ``keep`` is done or the first of ``waits`` returns; the waits left are
+    cancelled (``keep`` is not)."""
     tasks = [asyncio.ensure_future(w) for w in waits]
     try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({*tasks, *([keep] if keep else [])}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for task in tasks:
             task.cancel()

@@ -62,8 +62,9 @@ async def test_trajectories_stream_as_they_finish(counter_factory) -> None:  # t
         environment=env, backend=ScriptedBackend(counter_policy), env_factory=counter_factory()
     )
     order = [t.index async for t in runner.iter_batch_from_states(states, batch_size=2)]
-    # input 1's slot goes to input 2 while input 0 still runs; input 3 gets the next one
-    assert order == [1, 2, 0, 3]
+    # input 1 (2 steps) finishes first, while input 0 (10 steps) still runs; its slot goes
+    # to input 2; input 3 waits for the next slot, so it finishes last
+    assert order[0] == 1 and order[-1] == 3 and sorted(order) == [0, 1, 2, 3]
 
 
 async def test_the_next_round_does_not_wait_for_a_close(counter_factory, tracker) -> None:  # type: ignore[no-untyped-def]
@@ -142,3 +143,31 @@ async def test_cancelled_refill_run_closes_everything(tracker) -> None:  # type:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert tracker.created > 6 and tracker.live == 0
+
+
+async def test_a_slow_restore_does_not_hold_the_rounds_back(tracker) -> None:  # type: ignore[no-untyped-def]
+    """Input 2's reset blocks until input 0 has stepped on for several rounds: the rounds
+    must go on while it is being prepared (a round that waited for it would deadlock)."""
+    gate = asyncio.Event()
+
+    class GatedReset(CounterEnv):
+        async def _reset(self, task, *, seed):  # type: ignore[no-untyped-def]
+            if task == 2:
+                await asyncio.wait_for(gate.wait(), timeout=5)
+            return await super()._reset(task, seed=seed)
+
+    async def factory() -> CounterEnv:
+        return GatedReset(tracker=tracker)
+
+    def policy(request):  # type: ignore[no-untyped-def]
+        if request.rollout_index == 0 and request.step == 6:
+            gate.set()
+        return counter_policy(request)
+
+    runner = TrajectoryRunner(
+        environment=CounterEnv(), backend=ScriptedBackend(policy), env_factory=factory
+    )
+    trajs = await runner.run_batch([9, 1, 2], batch_size=2)
+    assert [t.error for t in trajs] == [None, None, None]
+    assert all(t.success for t in trajs) and tracker.live == 0
+    assert runner.stats.peak_live_instances == 2
