@@ -21,7 +21,6 @@ in its own exec (not the agent's shell), as Harbor does.
 from __future__ import annotations
 
 import io
-import os
 import re
 import tarfile
 import time
@@ -47,7 +46,7 @@ from ...errors import (
 from ...types import Action, Observation, State, StepResult
 from .dataset import HarborDataset
 from .image import TASK_IMAGE_LABEL, TaskImages
-from .task import HarborTask
+from .task import HarborTask, resolve_env
 from .verifier import REWARD_JSON, REWARD_TXT, VERIFIER_LOG_DIR, VerifierResult, parse_reward
 
 __all__ = [
@@ -59,7 +58,16 @@ __all__ = [
 ]
 
 DATASET_LABEL = "llenvs.harbor.dataset"
-_ENV_VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+DEFAULT_COMMAND_TIMEOUT_SEC = 600.0
+"""A command's time limit when the task gives no ``[agent].timeout_sec``."""
+# What a download failing for want of a network prints (curl, wget, pip, uv, apt, git, python).
+_NO_NETWORK_RE = re.compile(
+    r"Could not resolve host|Temporary failure (?:in name resolution|resolving)|"
+    r"Name or service not known|Network is unreachable|Failed to establish a new connection|"
+    r"unable to resolve host|failed to lookup address|No address associated with hostname|"
+    r"dns error",
+    re.IGNORECASE,
+)
 _MIB = 1 << 20
 _VERIFIER_TAIL_CHARS = 4000
 
@@ -72,22 +80,6 @@ parse_command = extract_command
 def format_observation(result: CommandResult, timeout: float) -> str:
     """The shell layer's observation of a command, never empty (the model must see a reply)."""
     return shell_observation(result, timeout) or "(no output)"
-
-
-def _resolve_env(env: Mapping[str, str], task: HarborTask) -> dict[str, str]:
-    """Expand ``${VAR}`` / ``${VAR:-default}`` in task env values from the host environment."""
-
-    def expand(match: re.Match[str]) -> str:
-        name, default = match.group(1), match.group(2)
-        value = os.environ.get(name, default)
-        if value is None:
-            raise EnvError(
-                f"task {task.name!r} needs host environment variable {name} "
-                "(set it, or give a default as ${VAR:-default} in task.toml)"
-            )
-        return value
-
-    return {key: _ENV_VAR_RE.sub(expand, value) for key, value in env.items()}
 
 
 def _positive(value: object) -> bool:
@@ -120,15 +112,17 @@ class HarborEnvironment(BaseEnvironment):
         *,
         max_steps: int | None = 30,
         submit_keyword: str = "SUBMIT",
-        command_timeout_sec: float = 120.0,
+        command_timeout_sec: float | Literal["task"] = "task",
         verify_on_truncation: bool = True,
         budget_sec: float | Literal["task"] | None = "task",
     ) -> None:
         super().__init__(max_steps=max_steps)
         if not submit_keyword.strip():
             raise ValueError("submit_keyword must be a non-empty word")
-        if not command_timeout_sec > 0:
-            raise ValueError(f"command_timeout_sec must be > 0, got {command_timeout_sec!r}")
+        if command_timeout_sec != "task" and not _positive(command_timeout_sec):
+            raise ValueError(
+                f"command_timeout_sec is seconds > 0 or 'task', got {command_timeout_sec!r}"
+            )
         if budget_sec != "task" and not (budget_sec is None or _positive(budget_sec)):
             raise ValueError(
                 f"budget_sec is seconds > 0, None (unlimited) or 'task', got {budget_sec!r}"
@@ -136,7 +130,8 @@ class HarborEnvironment(BaseEnvironment):
         self.runtime = runtime
         self.dataset = dataset
         self.submit_keyword = submit_keyword.strip()
-        self.command_timeout_sec = command_timeout_sec
+        self._command_timeout = command_timeout_sec
+        self._network = False
         self.verify_on_truncation = verify_on_truncation
         self._budget_override = budget_sec
         self._engine: DockerEngine | None = None
@@ -173,6 +168,15 @@ class HarborEnvironment(BaseEnvironment):
     def shell(self) -> ShellSession | None:
         """The episode's persistent shell (``None`` before the first reset)."""
         return self._shell
+
+    @property
+    def command_timeout_sec(self) -> float:
+        """One command's time limit: the one given, else (``"task"``) the task's
+        ``[agent].timeout_sec`` (Harbor bounds its oracle by it), else 600 s."""
+        if self._command_timeout != "task":
+            return float(self._command_timeout)
+        task_limit = self._task.config.agent.timeout_sec if self._task is not None else None
+        return task_limit or DEFAULT_COMMAND_TIMEOUT_SEC
 
     @property
     def budget_left_sec(self) -> float | None:
@@ -248,7 +252,7 @@ class HarborEnvironment(BaseEnvironment):
         run = await container.exec(
             ["bash", "-c", f"bash /tests/test.sh > {VERIFIER_LOG_DIR}/test-stdout.txt 2>&1"],
             timeout=cfg.timeout_sec,
-            env=_resolve_env(cfg.env, task),
+            env=resolve_env(cfg.env, task.name),
             workdir=self._workdir,
             user=None if cfg.user is None else str(cfg.user),
         )
@@ -259,8 +263,37 @@ class HarborEnvironment(BaseEnvironment):
                 kind="timeout",
                 path="/tests/test.sh",
             )
-        result = parse_reward(await self._read_file(REWARD_JSON), await self._read_file(REWARD_TXT))
+        try:
+            result = parse_reward(
+                await self._read_file(REWARD_JSON), await self._read_file(REWARD_TXT)
+            )
+        except VerifierError:
+            self._check_offline_verifier(task, log)
+            raise
+        if result.reward < 1.0:
+            self._check_offline_verifier(task, log)
         return replace(result, exit_code=run.exit_code, output=log[-_VERIFIER_TAIL_CHARS:])
+
+    def _check_offline_verifier(self, task: HarborTask, log: str) -> None:
+        """Raise ``VerifierError(kind="network")`` when a verifier without a network failed to
+        download something: its low reward says nothing about the agent's work."""
+        match = None if self._network else _NO_NETWORK_RE.search(log)
+        if match is None:
+            return
+        start = log.rfind("\n", 0, match.start()) + 1
+        end = log.find("\n", match.end())
+        line = log[start : end if end >= 0 else len(log)].strip()
+        why = (
+            "the task's network_mode is 'no-network'"
+            if not task.config.environment.wants_network
+            else "the run grants no network (--allow-network / HarborAdapter(allow_network=True))"
+        )
+        raise VerifierError(
+            f"the verifier of {task.name!r} needs the internet but its container has none "
+            f"({why}); it printed: {line[:300]!r}",
+            kind="network",
+            path="/tests/test.sh",
+        )
 
     async def resume_from_image(self, image: str, state: State) -> State:
         """Continue ``state`` in a new container started from ``image``, a commit of an episode
@@ -289,10 +322,11 @@ class HarborEnvironment(BaseEnvironment):
         engine = await self._get_engine()
         image = image or await self.runtime.images.ensure(engine, harbor_task)
         network = self.runtime.allow_network and env_cfg.wants_network
+        self._network = network
         agent_user = harbor_task.config.agent.user
         spec = ContainerSpec(
             image=image,
-            env=_resolve_env(env_cfg.env, harbor_task),
+            env=resolve_env(env_cfg.env, harbor_task.name),
             workdir=env_cfg.workdir,
             user=None if agent_user is None else str(agent_user),
             network_mode="bridge" if network else "none",
