@@ -286,7 +286,7 @@ class HarborEnvironment(BaseEnvironment):
         why = (
             "the task's network_mode is 'no-network'"
             if not task.config.environment.wants_network
-            else "the run grants no network (--allow-network / HarborAdapter(allow_network=True))"
+            else "the run grants none: pass --allow-network, HarborAdapter(allow_network=True)"
         )
         raise VerifierError(
             f"the verifier of {task.name!r} needs the internet but its container has none "

@@ -64,7 +64,8 @@ _DOCKER_HUB_PREFIXES = (
 )
 _NETWORK_HINTS = re.compile(
     r"Temporary failure resolving|Could not resolve|Name or service not known|"
-    r"Failed to establish a new connection|Network is unreachable|unable to access",
+    r"Failed to establish a new connection|Network is unreachable|unable to access|"
+    r"No matching distribution found",
     re.IGNORECASE,
 )
 
@@ -279,6 +280,7 @@ class TaskImages:
         self.build = build or BuildSettings()
         self._locks: dict[str, asyncio.Lock] = {}
         self._ready: dict[str, str] = {}
+        self._warned: set[tuple[str, str]] = set()
         self.builds = 0
 
     @property
@@ -328,8 +330,9 @@ class TaskImages:
 
     def _warn(self, task: HarborTask, written: str, image: str) -> None:
         """Say which local image stands in for a name: a warning when it is another image."""
-        if image == written:
+        if image == written or (task.name, written) in self._warned:
             return
+        self._warned.add((task.name, written))
         other = normalise_image_ref(image) != normalise_image_ref(written)
         level = logging.WARNING if other else logging.INFO
         _log.log(level, "task %s: using local image %s for %s", task.name, image, written)
