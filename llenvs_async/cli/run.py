@@ -98,7 +98,10 @@ def run(
         # Failures are data, but a run where nothing worked (server down, bad model name)
         # must not look like success to a script.
         first = failed[0]
-        err_console.print(f"every rollout failed; first error: {first.type}: {first.message}")
+        message = " ".join(f"{first.type}: {first.message}".split())
+        err_console.print(
+            f"error: every rollout failed; first error: {message}", soft_wrap=True, markup=False
+        )
         raise typer.Exit(1)
 
 
