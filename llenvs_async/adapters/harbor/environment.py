@@ -1,11 +1,9 @@
 """``HarborEnvironment``: one Harbor task episode in a container driven through a persistent shell.
 
-Rules: the initial observation holds the task's instruction; an action's command
-is the first fenced code block of its text, else the whole stripped text; the
-submit keyword (``SUBMIT``) ends the episode and runs the verifier; ``max_steps``
-truncates it (verified unless ``verify_on_truncation=False``); an observation is
-the command's output plus its exit code when non-zero; the reward is 0.0 except
-on the terminal step, which carries the verifier's reward.
+Rules: the initial observation holds the task's instruction; the step rules (command
+parsing, ``SUBMIT``, ``max_steps``, verify on truncation, observations, info keys) are
+``ShellTaskEnvironment``'s, shared with ``DockerEnvironment``; the terminal step carries
+the verifier's reward.
 
 Time budget (``[agent].timeout_sec``): only command time counts (not the time the
 agent spends generating), each command's timeout is ``min(budget left, per-command
@@ -31,11 +29,10 @@ from typing import Any, Literal
 
 from ...docker.container import Container, ContainerSpec
 from ...docker.engine import DockerEngine
-from ...docker.environment import extract_command
-from ...docker.environment import format_observation as shell_observation
 from ...docker.output import CommandResult
 from ...docker.shell import ShellSession
-from ...env import BaseEnvironment, new_episode_id
+from ...docker.shell_task import ShellTaskEnvironment, extract_command, observation_text
+from ...env import new_episode_id
 from ...errors import (
     ContainerError,
     ContinuationPromptError,
@@ -43,7 +40,7 @@ from ...errors import (
     RestoreError,
     VerifierError,
 )
-from ...types import Action, Observation, State, StepResult
+from ...types import Observation, State
 from .dataset import HarborDataset
 from .image import TASK_IMAGE_LABEL, TaskImages
 from .task import HarborTask, resolve_env
@@ -72,14 +69,9 @@ _MIB = 1 << 20
 _VERIFIER_TAIL_CHARS = 4000
 
 
-# The content of the first fenced code block in an action's text, else the stripped text:
-# one rule for every shell-task environment.
+# One rule for every shell-task environment (kept under the names this package exported).
 parse_command = extract_command
-
-
-def format_observation(result: CommandResult, timeout: float) -> str:
-    """The shell layer's observation of a command, never empty (the model must see a reply)."""
-    return shell_observation(result, timeout) or "(no output)"
+format_observation = observation_text
 
 
 def _positive(value: object) -> bool:
@@ -96,14 +88,12 @@ class HarborRuntime:
     engine: DockerEngine | None = None
 
 
-class HarborEnvironment(BaseEnvironment):
+class HarborEnvironment(ShellTaskEnvironment):
     """A Harbor task as an ``Environment``; ``pure_step=False`` (the container is the state).
 
     Cheap to create: the container starts in ``reset`` (by task index or name) and
     ``aclose`` removes it. Use ``HarborAdapter.get_environment`` to make one.
     """
-
-    pure_step = False
 
     def __init__(
         self,
@@ -116,9 +106,11 @@ class HarborEnvironment(BaseEnvironment):
         verify_on_truncation: bool = True,
         budget_sec: float | Literal["task"] | None = "task",
     ) -> None:
-        super().__init__(max_steps=max_steps)
-        if not submit_keyword.strip():
-            raise ValueError("submit_keyword must be a non-empty word")
+        super().__init__(
+            max_steps=max_steps,
+            submit_keyword=submit_keyword,
+            verify_on_truncation=verify_on_truncation,
+        )
         if command_timeout_sec != "task" and not _positive(command_timeout_sec):
             raise ValueError(
                 f"command_timeout_sec is seconds > 0 or 'task', got {command_timeout_sec!r}"
@@ -129,10 +121,8 @@ class HarborEnvironment(BaseEnvironment):
             )
         self.runtime = runtime
         self.dataset = dataset
-        self.submit_keyword = submit_keyword.strip()
         self._command_timeout = command_timeout_sec
         self._network = False
-        self.verify_on_truncation = verify_on_truncation
         self._budget_override = budget_sec
         self._engine: DockerEngine | None = None
         self._container: Container | None = None
@@ -187,9 +177,6 @@ class HarborEnvironment(BaseEnvironment):
 
     def list_tasks(self) -> list[tuple[int, str]]:
         return self.dataset.list_tasks()
-
-    def is_submit(self, action: Action) -> bool:
-        return parse_command(action.text) == self.submit_keyword
 
     @contextmanager
     def replaying(self) -> Iterator[None]:
@@ -354,47 +341,25 @@ class HarborEnvironment(BaseEnvironment):
             seed=seed,
         )
 
-    async def _step(self, state: State, action: Action) -> StepResult:
-        command = parse_command(action.text)
-        step = state.step + 1
-        if command == self.submit_keyword:
-            if self._replaying:
-                raise RestoreError(f"the replayed prefix submits at step {step}", step=step)
-            verdict = await self.verify()
-            return self._result(
-                state, action, "Submitted; the task was verified.", reward=verdict.reward,
-                terminated=True, info={**verdict.info(), "submitted": True},
-            )  # fmt: skip
-        if not command:
-            text = (
-                f"(empty command: reply with a shell command, or {self.submit_keyword} when done)"
+    async def _run_command(self, command: str) -> tuple[CommandResult, float]:
+        return await self._run(command)
+
+    async def _verify_episode(self) -> tuple[float, Mapping[str, Any]]:
+        verdict = await self.verify()
+        return verdict.reward, verdict.info()
+
+    def _before_submit(self, step: int) -> None:
+        if self._replaying:
+            raise RestoreError(f"the replayed prefix submits at step {step}", step=step)
+
+    def _after_command(self, command: str, result: CommandResult, step: int) -> None:
+        if result.continuation_prompt and self._replaying:
+            raise ContinuationPromptError(
+                f"replayed command at step {step} left the shell at a continuation prompt "
+                f"(unterminated quote, heredoc or block): {command[:200]!r}",
+                command=command,
+                step=step,
             )
-            result = None
-        else:
-            result, timeout = await self._run(command)
-            if result.continuation_prompt and self._replaying:
-                raise ContinuationPromptError(
-                    f"replayed command at step {step} left the shell at a continuation prompt "
-                    f"(unterminated quote, heredoc or block): {command[:200]!r}",
-                    command=command,
-                    step=step,
-                )
-            text = format_observation(result, timeout)
-        info: dict[str, Any] = {}
-        if result is not None:
-            info = {"exit_code": result.exit_code, "timed_out": result.timed_out,
-                    "duration_sec": round(result.duration_s, 6)}  # fmt: skip
-        truncation = None if self._replaying else self._truncation(step)
-        if truncation is None:
-            return self._result(state, action, text, info=info)
-        info["truncation_reason"], info["truncation_message"] = truncation
-        if truncation[0] == "agent_timeout":
-            text += f"\n[{truncation[1]}]"
-        reward = 0.0
-        if self.verify_on_truncation:
-            verdict = await self.verify()
-            reward, info = verdict.reward, {**info, **verdict.info()}
-        return self._result(state, action, text, reward=reward, truncated=True, info=info)
 
     async def _aclose(self) -> None:
         try:
@@ -407,15 +372,15 @@ class HarborEnvironment(BaseEnvironment):
     # -- internals --------------------------------------------------------------------------
 
     def _truncation(self, step: int) -> tuple[str, str] | None:
-        """``(reason, message)`` when the episode must stop after ``step``, else ``None``."""
+        """The time budget, then ``max_steps``; never while replaying a saved prefix."""
+        if self._replaying:
+            return None
         if self._budget_sec is not None and self._used_sec >= self._budget_sec:
             return (
                 "agent_timeout",
                 f"the trajectory time budget of {self._budget_sec:g}s is used up",
             )
-        if self.max_steps is not None and step >= self.max_steps:
-            return "max_steps", f"max_steps={self.max_steps} reached"
-        return None
+        return super()._truncation(step)
 
     async def _run(self, command: str) -> tuple[CommandResult, float]:
         """Run an agent command; outside a replay its time is charged to the budget."""
@@ -431,27 +396,6 @@ class HarborEnvironment(BaseEnvironment):
             if result.timed_out and left is not None and timeout >= left:
                 self._used_sec = self._budget_sec
         return result, timeout
-
-    def _result(
-        self,
-        state: State,
-        action: Action,
-        text: str,
-        *,
-        reward: float = 0.0,
-        terminated: bool = False,
-        truncated: bool = False,
-        info: Mapping[str, Any],
-    ) -> StepResult:
-        next_state = state.advance(
-            action,
-            Observation(text=text),
-            terminated=terminated,
-            truncated=truncated,
-            hidden=self._hidden(),
-            info=dict(info),
-        )
-        return StepResult.of(next_state, reward, info)
 
     def _hidden(self) -> dict[str, Any]:
         task = self._require_task()

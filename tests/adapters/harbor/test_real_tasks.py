@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,18 @@ REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
+def _fresh_copy(tmp_path: Path) -> Path:
+    """The task set with the apt/pip build steps made unique to this run: a layer cached by
+    an earlier build with a network would otherwise let the offline build succeed."""
+    copy = tmp_path / "tasks_real"
+    shutil.copytree(TASKS, copy)
+    for name in ("apt-install-build", "pip-install-build"):
+        dockerfile = copy / name / "environment" / "Dockerfile"
+        text = dockerfile.read_text().replace("RUN ", f"RUN : {uuid.uuid4().hex} && ", 1)
+        dockerfile.write_text(text)
+    return copy
+
+
 def _records(path: Path) -> dict[str, dict[str, Any]]:
     records = [json.loads(line) for line in path.read_text().splitlines()]
     return {str(r["key"]["task"]).rsplit("/", 1)[-1]: r["trajectory"] for r in records}
@@ -76,7 +90,7 @@ async def test_oracle_run_scores_solvable_tasks_and_names_each_refusal(
 ) -> None:
     await ensure_standin_images(docker_engine)  # python:3* stand-in (apt, once per engine)
     out = tmp_path / "real.jsonl"
-    args = ["run", str(TASKS), "--out", str(out), "--quiet", "--n-concurrent", "4"]
+    args = ["run", str(_fresh_copy(tmp_path)), "-o", str(out), "--quiet", "--n-concurrent", "4"]
     code = await asyncio.to_thread(main, args)  # the CLI runs its own event loop
     assert code == 0, capsys.readouterr().err
     trajectories = _records(out)
@@ -99,3 +113,18 @@ async def test_oracle_run_scores_solvable_tasks_and_names_each_refusal(
         "task llenvs-real/ubuntu-multiline-string: using local image llenvs/base:bookworm "
         "for ubuntu:24.04" in substituted
     )
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+async def test_build_network_lets_apt_install_at_build_time(
+    tmp_path: Path, docker_engine: DockerEngine
+) -> None:
+    tasks = _fresh_copy(tmp_path)
+    out = tmp_path / "apt.jsonl"
+    args = ["run", str(tasks), "-t", "apt-install-build", "-o", str(out), "-q", "--build-network"]
+    assert await asyncio.to_thread(main, args) == 0
+    trajectory = _records(out)["apt-install-build"]
+    assert trajectory["error"] is None
+    assert [t["reward"] for t in trajectory["transitions"]] == [0.0, 1.0]
+    assert await harbor_containers(docker_engine) == []
