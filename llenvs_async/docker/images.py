@@ -45,6 +45,7 @@ __all__ = [
     "ensure_standin_images",
     "import_rootfs",
     "main",
+    "tag_slug",
 ]
 
 BASE_IMAGE = "llenvs/base:bookworm"
@@ -70,6 +71,11 @@ LABEL {IMAGE_LABEL}=python-standin
 """
 _LOG_TAIL_LINES = 25
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def tag_slug(name: str) -> str:
+    """``name`` as a valid image repository component (lower case, ``[a-z0-9._-]``)."""
+    return re.sub(r"[^a-z0-9._-]+", "-", name.lower()).strip("-._") or "task"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

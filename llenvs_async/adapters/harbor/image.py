@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...docker.engine import DockerEngine
-from ...docker.images import STANDIN_PATTERNS, build_image
+from ...docker.images import STANDIN_PATTERNS, build_image, tag_slug
 from ...errors import ImageError
 from .task import HarborTask
 
@@ -264,10 +264,6 @@ def context_tar(
     return buf.getvalue(), digest.hexdigest()[:16]
 
 
-def _slug(name: str) -> str:
-    return re.sub(r"[^a-z0-9._-]+", "-", name.lower()).strip("-._") or "task"
-
-
 class TaskImages:
     """Builds and remembers task images; one build at a time per task (a lock per tag)."""
 
@@ -317,7 +313,7 @@ class TaskImages:
         context, content_hash = await asyncio.to_thread(
             context_tar, task, text, self.build.ca_bundle
         )
-        tag = f"llenvs-harbor/{_slug(task.short_name)}:{content_hash}"
+        tag = f"llenvs-harbor/{tag_slug(task.short_name)}:{content_hash}"
         if tag in self._ready:
             return tag
         lock = self._locks.setdefault(tag, asyncio.Lock())
