@@ -30,6 +30,7 @@ from ...errors import ImageError
 from .task import HarborTask
 
 __all__ = [
+    "CA_BUNDLE_PATH",
     "TASK_IMAGE_LABEL",
     "BuildSettings",
     "ImageResolver",

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import shutil
+import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from llenvs_async.adapters.harbor import HarborAdapter, normalise_image_ref
 from llenvs_async.adapters.harbor.image import (
+    CA_BUNDLE_PATH,
     ImageResolver,
     _image_uses,
     parse_alias,
@@ -15,6 +19,7 @@ from llenvs_async.adapters.harbor.image import (
 )
 from llenvs_async.docker.engine import DockerEngine
 from llenvs_async.docker.images import BASE_IMAGE, PYTHON_STANDIN
+from llenvs_async.types import Action
 
 from .conftest import EXAMPLES
 
@@ -101,3 +106,24 @@ async def test_command_timeout_defaults_to_the_tasks_agent_timeout(
     fixed = await adapter.get_environment(EXAMPLES, command_timeout_sec=7.5)
     assert fixed.command_timeout_sec == 7.5
     await fixed.aclose()
+
+
+@pytest.mark.docker
+async def test_build_ca_bundle_is_trusted_in_every_stage(
+    tmp_path: Path, docker_engine: DockerEngine
+) -> None:
+    task = tmp_path / "tasks" / "ca"
+    shutil.copytree(EXAMPLES / "csv-totals", task)
+    (task / "environment" / "Dockerfile").write_text(
+        'FROM debian:bookworm-slim AS one\nRUN test -s "$SSL_CERT_FILE"\n'
+        "FROM debian:bookworm-slim\nCOPY sales.csv /app/sales.csv\nWORKDIR /app\n"
+    )
+    bundle = tmp_path / "host-ca.pem"
+    bundle.write_text(f"-----BEGIN CERTIFICATE-----\n{uuid.uuid4().hex}\n")
+    adapter = HarborAdapter(cache_dir=tmp_path / "cache", build_ca_bundle=bundle)
+    async with await adapter.get_environment(tmp_path / "tasks") as env:
+        state = await env.reset(0)
+        step = await env.step(state, Action(text='echo "$PIP_CERT"; cat "$SSL_CERT_FILE"'))
+        assert step.next_state.observation.text == f"{CA_BUNDLE_PATH}\n{bundle.read_text()}".strip()
+    with pytest.raises(ValueError, match="is not a file"):
+        HarborAdapter(build_ca_bundle=tmp_path / "missing.pem")
