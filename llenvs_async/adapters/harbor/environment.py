@@ -262,22 +262,26 @@ class HarborEnvironment(ShellTaskEnvironment):
         return replace(result, exit_code=run.exit_code, output=log[-_VERIFIER_TAIL_CHARS:])
 
     def _check_offline_verifier(self, task: HarborTask, log: str) -> None:
-        """Raise ``VerifierError(kind="network")`` when a verifier without a network failed to
-        download something: its low reward says nothing about the agent's work."""
-        match = None if self._network else _NO_NETWORK_RE.search(log)
+        """Raise ``VerifierError(kind="network")`` when the verifier failed to reach the
+        internet: its low reward says nothing about the agent's work."""
+        match = _NO_NETWORK_RE.search(log)
         if match is None:
             return
         start = log.rfind("\n", 0, match.start()) + 1
         end = log.find("\n", match.end())
         line = log[start : end if end >= 0 else len(log)].strip()
-        why = (
-            "the task's network_mode is 'no-network'"
-            if not task.config.environment.wants_network
-            else "the run grants none: pass --allow-network, HarborAdapter(allow_network=True)"
-        )
+        if self._network:
+            why = "its container was given a network but could not resolve or reach the host"
+        elif not task.config.environment.wants_network:
+            why = "its container has none: the task's network_mode is 'no-network'"
+        else:
+            why = (
+                "its container has none: the run grants none "
+                "(pass --allow-network, HarborAdapter(allow_network=True))"
+            )
         raise VerifierError(
-            f"the verifier of {task.name!r} needs the internet but its container has none "
-            f"({why}); it printed: {line[:300]!r}",
+            f"the verifier of {task.name!r} needs the internet but {why}; "
+            f"it printed: {line[:300]!r}",
             kind="network",
             path="/tests/test.sh",
         )

@@ -46,7 +46,10 @@ REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
     "multi-step": ("TaskLoadError", ("multi-step", "[[steps]]")),
     "separate-verifier": ("TaskLoadError", ("verifier.environment_mode", "separate")),
     "compose-sidecar": ("TaskLoadError", ("docker-compose.yaml", "sidecar")),
-    "verifier-needs-network": ("VerifierError", ("needs the internet", "--allow-network")),
+    "verifier-needs-network": (
+        "VerifierError",
+        ("needs the internet", "the run grants none", "--allow-network"),
+    ),
 }
 
 
@@ -127,4 +130,22 @@ async def test_build_network_lets_apt_install_at_build_time(
     trajectory = _records(out)["apt-install-build"]
     assert trajectory["error"] is None
     assert [t["reward"] for t in trajectory["transitions"]] == [0.0, 1.0]
+    assert await harbor_containers(docker_engine) == []
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+async def test_allow_network_reaches_the_verifier_or_says_why_not(
+    tmp_path: Path, docker_engine: DockerEngine
+) -> None:
+    await ensure_standin_images(docker_engine)
+    out = tmp_path / "net.jsonl"
+    args = ["run", str(TASKS), "-t", "verifier-needs-network", "-o", str(out), "-q"]
+    await asyncio.to_thread(main, [*args, "--allow-network"])
+    trajectory = _records(out)["verifier-needs-network"]
+    if trajectory["error"] is None:  # an engine whose containers reach the internet
+        assert trajectory["transitions"][-1]["reward"] == 1.0
+    else:  # this machine's daemon runs --bridge=none: a network in name only
+        assert trajectory["error"]["type"] == "VerifierError"
+        assert "was given a network but could not resolve" in trajectory["error"]["message"]
     assert await harbor_containers(docker_engine) == []
