@@ -160,3 +160,19 @@ def test_run_where_every_task_fails_to_start_is_one_line(
     assert "every rollout failed" in line and "ghcr.io/nowhere/missing:1" in line
     assert "--base-image" in line
     assert len(out.read_text().splitlines()) == 1  # the failure is recorded, not dropped
+
+
+def test_harbor_options_are_recorded_with_the_source() -> None:
+    from llenvs_async.cli._sources import HarborOptions, SourceSpec
+
+    options = HarborOptions(
+        base_images=(("python:3.*", "llenvs/python:3-bookworm"),), build_network=True,
+        allow_network=True, command_timeout=30.0,
+    )  # fmt: skip
+    spec = SourceSpec.from_flags(str(EXAMPLE_TASKS), None, None, options)
+    data = spec.to_json()
+    assert data["harbor"]["base_images"] == [["python:3.*", "llenvs/python:3-bookworm"]]
+    assert SourceSpec.from_json(data, "x") == spec
+    plain = SourceSpec.from_flags(str(EXAMPLE_TASKS), None, None)
+    assert "harbor" not in plain.to_json()  # files written before these flags still match
+    assert SourceSpec.from_json(plain.to_json(), "x") == plain
