@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Literal
 
@@ -69,6 +70,7 @@ async def open_harbor(spec: SourceSpec) -> Source:
 
     solutions = solution_lookup(dataset)
 
+    @functools.cache
     def mistakes(task: int | str | None) -> Sequence[str]:
         return harbor_mistakes(dataset.resolve(task)[1].declared_workdir)
 

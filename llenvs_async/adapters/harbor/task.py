@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import io
+import logging
 import math
 import os
 import re
@@ -51,6 +52,8 @@ _ENV_VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _WORKDIR_RE = re.compile(r"^\s*WORKDIR\s+(\S+)\s*$", re.IGNORECASE | re.MULTILINE)
 _MAX_SOLUTION_B64 = 4 << 20
 SOLUTION_DIR = "/solution"
+_IGNORED_KEYS = ("artifacts",)
+_log = logging.getLogger("llenvs_async.harbor")
 COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
 
 
@@ -147,6 +150,8 @@ class TaskConfig:
     solution: SolutionConfig = field(default_factory=SolutionConfig)
     steps: int = 0
     """How many ``[[steps]]`` tables the file has (multi-step tasks; 0 for ordinary ones)."""
+    ignored: tuple[str, ...] = ()
+    """Harbor keys present that llenvs-async does not act on (``artifacts``); logged on load."""
 
 
 def resolve_env(env: Mapping[str, str], task_name: str) -> dict[str, str]:
@@ -357,6 +362,7 @@ def parse_task_config(text: str, *, path: str = "task.toml") -> TaskConfig:
         environment=_environment(root.table("environment")),
         solution=SolutionConfig(env=root.table("solution").str_map("env")),
         steps=_steps(root, path),
+        ignored=tuple(key for key in _IGNORED_KEYS if root.has(key)),
     )
 
 
@@ -467,6 +473,8 @@ def load_task(path: Path | str, *, fallback_name: str | None = None) -> HarborTa
         raise TaskLoadError("is missing (every Harbor task has one)", path=str(toml_path))
     config = parse_task_config(_read(toml_path), path=str(toml_path))
     _refuse_unsupported(root, config, str(toml_path))
+    for key in config.ignored:
+        _log.warning("%s: %r is not supported by llenvs-async and is ignored", toml_path, key)
     instruction_path = root / "instruction.md"
     if not instruction_path.is_file():
         raise TaskLoadError("is missing", path=str(instruction_path))
