@@ -176,3 +176,12 @@ def test_harbor_options_are_recorded_with_the_source() -> None:
     plain = SourceSpec.from_flags(str(EXAMPLE_TASKS), None, None)
     assert "harbor" not in plain.to_json()  # files written before these flags still match
     assert SourceSpec.from_json(plain.to_json(), "x") == plain
+
+
+def test_tasks_list_shows_unloadable_tasks_with_their_error(cli: Invoke) -> None:
+    tasks = Path(__file__).resolve().parents[1] / "adapters" / "harbor" / "tasks_real"
+    res = cli("tasks", "list", str(tasks))
+    assert res.code == 0, res.err
+    flat = " ".join(res.out.replace("│", " ").split())
+    assert "llenvs-real/multi-step" in flat and "(cannot load:" in flat
+    assert "[[steps]]" in flat  # shown as written, not eaten as markup
