@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import re
+import shlex
 from collections.abc import Callable, Sequence
 
 from .runner import PromptBuilder
@@ -23,16 +24,28 @@ __all__ = [
     "arithmetic_oracle",
     "chain_oracle",
     "counter_oracle",
+    "harbor_mistakes",
     "harbor_oracle",
     "history_prompt",
     "next_solution_command",
 ]
 
-HARBOR_DESTRUCTIVE = "rm -rf /app/*"
-"""Wipes a Harbor example task's working directory: a mistake nothing recovers from."""
 
-HARBOR_MISTAKES: tuple[str, ...] = ("ls -la /app", "cat /etc/os-release", HARBOR_DESTRUCTIVE)
-"""Plausible wrong commands (harmless but useless) and one destructive command."""
+def harbor_mistakes(workdir: str) -> tuple[str, ...]:
+    """Plausible wrong commands in a task's working directory (harmless but useless) and one
+    destructive one that wipes it (none when the workdir is ``/``: that would wipe the OS)."""
+    where = shlex.quote(workdir)
+    harmless = (f"ls -la {where}", "cat /etc/os-release")
+    if workdir.rstrip("/") == "":
+        return harmless
+    return (*harmless, f"rm -rf {where}/*")
+
+
+HARBOR_MISTAKES: tuple[str, ...] = harbor_mistakes("/app")
+"""The mistakes of a task working in ``/app`` (the example tasks)."""
+
+HARBOR_DESTRUCTIVE = HARBOR_MISTAKES[-1]
+"""Wipes an example task's working directory (``/app``): a mistake nothing recovers from."""
 
 _PROBLEM = re.compile(r"Compute (-?\d+) ([+*-]) (-?\d+)")
 _COUNTER = re.compile(r"Counter is (-?\d+)")
@@ -132,16 +145,21 @@ def harbor_oracle(
     *,
     epsilon: float = 0.0,
     seed: int = 0,
-    mistakes: Sequence[str] = HARBOR_MISTAKES,
+    mistakes: Sequence[str] | Callable[[int | str | None], Sequence[str]] = HARBOR_MISTAKES,
     submit: str = "SUBMIT",
 ) -> OraclePolicy:
-    """Harbor tasks: replays ``solution_of(task)`` (solution/solve.sh, line by line), then
-    ``submit``; a mistake is one of ``mistakes`` or an early ``submit``.
+    """Harbor tasks: runs ``solution_of(task)`` (``HarborTask.solution_commands``: solve.sh
+    whole, as one action), then ``submit``; a mistake is one of ``mistakes`` (or
+    ``mistakes(task)``, e.g. ``harbor_mistakes`` of the task's workdir) or an early ``submit``.
     """
-    options = (*mistakes, submit)
+
+    def options(request: GenerationRequest) -> Sequence[str]:
+        chosen = mistakes(request.task) if callable(mistakes) else mistakes
+        return (*chosen, submit)
+
     return OraclePolicy(
         lambda r: next_solution_command(r, solution_of(r.task), submit),
-        lambda r: options,
+        options,
         epsilon=epsilon,
         seed=seed,
     )

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 from ..adapters.harbor import HarborAdapter, HarborDataset, HarborTask, harbor_restore
 from ..docker.engine import DockerEngine
 from ..env import Environment
-from ..policies import OraclePolicy, harbor_oracle
+from ..policies import OraclePolicy, harbor_mistakes, harbor_oracle
 from ..types import State
 from ._sources import Source, SourceSpec, TaskRef
 
@@ -28,12 +30,12 @@ SYSTEM_PROMPT = (
 
 
 def solution_lookup(dataset: HarborDataset) -> Callable[[int | str | None], Sequence[str]]:
-    """``task -> solution commands`` (solution/solve.sh, one command per line), cached."""
+    """``task -> solution commands`` (solve.sh as one oracle action), cached."""
     cache: dict[int | str | None, Sequence[str]] = {}
 
     def lookup(task: int | str | None) -> Sequence[str]:
         if task not in cache:
-            cache[task] = dataset.resolve(task)[1].solution_commands()
+            cache[task] = (dataset.resolve(task)[1].oracle_command(),)
         return cache[task]
 
     return lookup
@@ -50,19 +52,37 @@ def describe(task: HarborTask) -> str:
 async def open_harbor(spec: SourceSpec) -> Source:
     """A Harbor source: one fresh container-backed instance per rollout, tasks keyed by name."""
     assert spec.dataset is not None
-    adapter = HarborAdapter()
+    options = spec.harbor
+    adapter = HarborAdapter(
+        allow_network=options.allow_network,
+        base_image_aliases=options.base_images,
+        build_network=options.build_network,
+        build_ca_bundle=options.build_ca_bundle,
+    )
     dataset = await adapter.get_dataset(spec.dataset)
     max_steps = spec.max_steps or DEFAULT_MAX_STEPS
+    command_timeout: float | Literal["task"] = options.command_timeout or "task"
 
     async def factory() -> Environment:
-        return await adapter.get_environment(spec.dataset or "", max_steps=max_steps)
+        return await adapter.get_environment(
+            spec.dataset or "", max_steps=max_steps, command_timeout_sec=command_timeout
+        )
 
     solutions = solution_lookup(dataset)
 
+    @functools.cache
+    def mistakes(task: int | str | None) -> Sequence[str]:
+        return harbor_mistakes(dataset.resolve(task)[1].declared_workdir)
+
     def oracle(epsilon: float, seed: int) -> OraclePolicy:
-        return harbor_oracle(solutions, epsilon=epsilon, seed=seed)
+        return harbor_oracle(solutions, epsilon=epsilon, seed=seed, mistakes=mistakes)
 
     tasks = [TaskRef(key=t.name, task=t.name, description=describe(t)) for t in dataset.tasks]
+    # A task that cannot load is still listed (last): its rollouts record its TaskLoadError.
+    tasks += [
+        TaskRef(key=name, task=name, description=f"(cannot load: {' '.join(str(exc).split())})")
+        for name, exc in dataset.unloadable.items()
+    ]
 
     def instruction(state: State) -> str:
         return dataset.resolve(state.task)[1].instruction

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from ._backend import BackendKind, BackendOptions
+from ._common import CliError
+from ._sources import HarborOptions
 
 __all__ = [
+    "AllowNetworkOpt",
     "BackendOpt",
+    "BaseImageOpt",
+    "BuildCaBundleOpt",
+    "BuildNetworkOpt",
+    "CommandTimeoutOpt",
     "BaseUrlOpt",
     "DatasetArg",
     "EnvOpt",
@@ -22,6 +30,7 @@ __all__ = [
     "SeedOpt",
     "TemperatureOpt",
     "backend_options",
+    "harbor_options",
 ]
 
 DatasetArg = Annotated[
@@ -49,6 +58,35 @@ SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the scripted polic
 TemperatureOpt = Annotated[float, typer.Option("--temperature", help="Sampling temperature.")]
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", help="Tokens per generated action.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No live progress display.")]
+BaseImageOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--base-image",
+        help="Map images tasks name (FROM, COPY --from, docker_image) to a local image: "
+        "PATTERN=IMAGE, e.g. 'python:3.*=llenvs/python:3-bookworm' (repeatable).",
+    ),
+]
+BuildNetworkOpt = Annotated[
+    bool,
+    typer.Option(
+        "--build-network", help="Build task images with the host's network (apt/pip in builds)."
+    ),
+]
+BuildCaBundleOpt = Annotated[
+    str | None,
+    typer.Option("--build-ca-bundle", help="A host CA bundle file to trust inside builds."),
+]
+AllowNetworkOpt = Annotated[
+    bool,
+    typer.Option("--allow-network", help="Give containers a network when their task allows one."),
+]
+CommandTimeoutOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--command-timeout",
+        help="Seconds per command (default: the task's [agent].timeout_sec, else 600).",
+    ),
+]
 
 
 def backend_options(
@@ -67,3 +105,32 @@ def backend_options(
     )  # fmt: skip
     options.check()
     return options
+
+
+def harbor_options(
+    base_images: list[str] | None,
+    build_network: bool,
+    build_ca_bundle: str | None,
+    allow_network: bool,
+    command_timeout: float | None,
+) -> HarborOptions:
+    """Bundle and validate the Harbor flags."""
+    from ..adapters.harbor.image import parse_alias
+
+    pairs = []
+    for text in base_images or []:
+        try:
+            pairs.append(parse_alias(text))
+        except ValueError as exc:
+            raise CliError(f"--base-image: {exc}") from None
+    if build_ca_bundle is not None:
+        path = Path(build_ca_bundle).expanduser()
+        if not path.is_file():
+            raise CliError(f"--build-ca-bundle {build_ca_bundle!r}: no such file")
+        build_ca_bundle = str(path.resolve())
+    if command_timeout is not None and not command_timeout > 0:
+        raise CliError(f"--command-timeout must be > 0 seconds, got {command_timeout}")
+    return HarborOptions(
+        base_images=tuple(pairs), build_network=build_network, build_ca_bundle=build_ca_bundle,
+        allow_network=allow_network, command_timeout=command_timeout,
+    )  # fmt: skip

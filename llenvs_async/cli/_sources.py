@@ -18,10 +18,58 @@ from ..policies import OraclePolicy, arithmetic_oracle, chain_oracle, counter_or
 from ..types import State
 from ._common import CliError
 
-__all__ = ["BUILTIN_ENVS", "Source", "SourceSpec", "TaskRef", "open_source", "select_tasks"]
+__all__ = [
+    "BUILTIN_ENVS",
+    "HarborOptions",
+    "Source",
+    "SourceSpec",
+    "TaskRef",
+    "open_source",
+    "select_tasks",
+]
 
 BUILTIN_ENVS = ("arithmetic", "chain", "counter")
 _COUNTER_TARGETS = (1, 2, 3, 4, 5)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HarborOptions:
+    """How Harbor tasks are built and run (``--base-image``, ``--build-network``,
+    ``--build-ca-bundle``, ``--allow-network``, ``--command-timeout``)."""
+
+    base_images: tuple[tuple[str, str], ...] = ()
+    build_network: bool = False
+    build_ca_bundle: str | None = None
+    allow_network: bool = False
+    command_timeout: float | None = None
+    """Seconds per command; ``None``: the task's ``[agent].timeout_sec``."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "base_images": [list(pair) for pair in self.base_images],
+            "build_network": self.build_network,
+            "build_ca_bundle": self.build_ca_bundle,
+            "allow_network": self.allow_network,
+            "command_timeout": self.command_timeout,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> HarborOptions:
+        if not isinstance(data, dict):
+            raise CliError(f"'harbor' options must be an object, got {data!r}")
+        pairs = data.get("base_images") or []
+        if not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+            raise CliError(f"'harbor.base_images' must be [pattern, image] pairs, got {pairs!r}")
+        return cls(
+            base_images=tuple((str(a), str(b)) for a, b in pairs),
+            build_network=bool(data.get("build_network", False)),
+            build_ca_bundle=data.get("build_ca_bundle"),
+            allow_network=bool(data.get("allow_network", False)),
+            command_timeout=data.get("command_timeout"),
+        )
+
+
+_NO_HARBOR_OPTIONS = HarborOptions()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,16 +79,26 @@ class SourceSpec:
     env: str | None = None
     dataset: str | None = None
     max_steps: int | None = None
+    harbor: HarborOptions = _NO_HARBOR_OPTIONS
 
     @classmethod
-    def from_flags(cls, dataset: str | None, env: str | None, max_steps: int | None) -> SourceSpec:
+    def from_flags(
+        cls,
+        dataset: str | None,
+        env: str | None,
+        max_steps: int | None,
+        harbor: HarborOptions | None = None,
+    ) -> SourceSpec:
         if (dataset is None) == (env is None):
             raise CliError("give exactly one of a DATASET (path or name@version) or --env NAME")
         if max_steps is not None and max_steps < 1:
             raise CliError(f"--max-steps must be >= 1, got {max_steps}")
+        harbor = harbor or _NO_HARBOR_OPTIONS
         if env is not None:
             if env not in BUILTIN_ENVS:
                 raise CliError(f"unknown --env {env!r}: choose one of {', '.join(BUILTIN_ENVS)}")
+            if harbor != _NO_HARBOR_OPTIONS:
+                raise CliError("--base-image, --build-network, ... need a Harbor DATASET")
             return cls(env=env, max_steps=max_steps)
         assert dataset is not None
         path = Path(dataset).expanduser()
@@ -48,17 +106,27 @@ class SourceSpec:
             if not path.is_dir():
                 raise CliError(f"dataset {dataset!r}: no such directory (or name@version)")
             dataset = str(path.resolve())
-        return cls(dataset=dataset, max_steps=max_steps)
+        return cls(dataset=dataset, max_steps=max_steps, harbor=harbor)
 
     def to_json(self) -> dict[str, Any]:
-        return {"env": self.env, "dataset": self.dataset, "max_steps": self.max_steps}
+        data: dict[str, Any] = {
+            "env": self.env,
+            "dataset": self.dataset,
+            "max_steps": self.max_steps,
+        }
+        if self.harbor != _NO_HARBOR_OPTIONS:  # older files (and built-in envs) have none
+            data["harbor"] = self.harbor.to_json()
+        return data
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> SourceSpec:
         if not isinstance(data, dict):
             raise CliError(f"{where}: no 'source' object (not written by `llenvs-async run`?)")
         try:
-            return cls.from_flags(data.get("dataset"), data.get("env"), data.get("max_steps"))
+            harbor = HarborOptions.from_json(data["harbor"]) if "harbor" in data else None
+            return cls.from_flags(
+                data.get("dataset"), data.get("env"), data.get("max_steps"), harbor
+            )
         except CliError as exc:
             raise CliError(f"{where}: {exc}") from None
 

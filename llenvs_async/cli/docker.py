@@ -1,4 +1,5 @@
-"""``llenvs-async images build-base`` and ``llenvs-async cleanup`` (the Docker layer's tools)."""
+"""``llenvs-async images build-base|build-standins`` and ``llenvs-async cleanup`` (the Docker
+layer's tools)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,26 @@ def build_base(
     tags, image_id, built, seconds = run_async(body)
     verb = f"built in {seconds:.1f}s" if built else "already present"
     console.print(f"{', '.join(tags)} ({image_id[:19]}): {verb}", markup=False)
+
+
+@images_app.command("build-standins")
+def build_standins(
+    force: Annotated[bool, typer.Option("--force", help="Rebuild even if they exist.")] = False,
+) -> None:
+    """Build local stand-ins for official bases (debian:*, ubuntu:*, python:3*) from Debian's
+    packages (the host's network, once), so Harbor tasks naming them build offline."""
+    from ..docker.engine import DockerEngine
+    from ..docker.images import STANDIN_PATTERNS, ImageInfo, ensure_standin_images
+
+    async def body() -> list[ImageInfo]:
+        async with DockerEngine() as engine:
+            return await ensure_standin_images(engine, force=force)
+
+    for info in run_async(body):
+        verb = f"built in {info.seconds:.1f}s" if info.built else "already present"
+        console.print(f"{', '.join(info.tags)} ({info.id[:19]}): {verb}", markup=False)
+    for pattern, image in STANDIN_PATTERNS:
+        console.print(f"  {pattern} -> {image}", markup=False)
 
 
 def cleanup() -> None:

@@ -61,9 +61,17 @@ def run(
     temperature: opt.TemperatureOpt = 1.0,
     max_tokens: opt.MaxTokensOpt = 512,
     quiet: opt.QuietOpt = False,
+    base_image: opt.BaseImageOpt = None,
+    build_network: opt.BuildNetworkOpt = False,
+    build_ca_bundle: opt.BuildCaBundleOpt = None,
+    allow_network: opt.AllowNetworkOpt = False,
+    command_timeout: opt.CommandTimeoutOpt = None,
 ) -> None:
     """Collect trajectories over a Harbor dataset or a built-in env; one JSONL line each."""
-    spec = SourceSpec.from_flags(dataset, env, max_steps)
+    harbor = opt.harbor_options(
+        base_image, build_network, build_ca_bundle, allow_network, command_timeout
+    )
+    spec = SourceSpec.from_flags(dataset, env, max_steps, harbor)
     options = opt.backend_options(backend, model, base_url, epsilon, seed, temperature, max_tokens)
     if rollouts < 1 or n_concurrent < 1:
         raise CliError("--rollouts and --n-concurrent must be >= 1")
@@ -90,7 +98,10 @@ def run(
         # Failures are data, but a run where nothing worked (server down, bad model name)
         # must not look like success to a script.
         first = failed[0]
-        err_console.print(f"every rollout failed; first error: {first.type}: {first.message}")
+        message = " ".join(f"{first.type}: {first.message}".split())
+        err_console.print(
+            f"error: every rollout failed; first error: {message}", soft_wrap=True, markup=False
+        )
         raise typer.Exit(1)
 
 
@@ -155,6 +166,8 @@ async def _collect(
                     else:  # the task itself failed to start: that is data too
                         _save(writer, progress, spec, job, start)
                 states = [state for _, state in runnable]
+                if not states:  # every task failed to start: recorded above, nothing to roll out
+                    return writer.written
                 async with contextlib.aclosing(
                     runner.iter_batch_from_states(states, batch_size=n_concurrent)
                 ) as trajectories:

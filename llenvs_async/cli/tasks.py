@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from . import _options as opt
@@ -23,7 +24,7 @@ def list_tasks(dataset: opt.DatasetArg = None, env: opt.EnvOpt = None) -> None:
     for column in ("index", "task", "description"):
         table.add_column(column)
     for i, ref in enumerate(refs):
-        table.add_row(str(i), str(ref.key), ref.description)
+        table.add_row(str(i), escape(str(ref.key)), escape(ref.description))
     console.print(table)
 
 

@@ -14,6 +14,7 @@ from .output import CommandResult
 from .ownership import OWNER_LABEL, SESSION_LABEL
 from .reaper import ReapedContainer, reap_orphans, remove_own_containers_sync
 from .shell import ShellKind, ShellSession
+from .shell_task import ShellTaskEnvironment
 
 if TYPE_CHECKING:
     from .images import (
@@ -48,6 +49,7 @@ __all__ = [
     "ReapedContainer",
     "ShellKind",
     "ShellSession",
+    "ShellTaskEnvironment",
     "ensure_base_image",
     "ensure_busybox_image",
     "extract_command",

@@ -1,58 +1,33 @@
-"""`DockerEnvironment`: a generic shell task (image, instruction, verify command -> reward)."""
+"""`DockerEnvironment`: a generic shell task (image, instruction, verify command -> reward).
+
+The step rules (submit, max_steps, verify on truncation, observations, info keys) are
+``ShellTaskEnvironment``'s, shared with ``HarborEnvironment``.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from ..env import BaseEnvironment, new_episode_id
+from ..env import new_episode_id
 from ..errors import EnvError
-from ..types import Action, Observation, State, StepResult
+from ..types import Observation, State
 from ._shield import shielded
 from .container import Container, ContainerSpec
 from .engine import DockerEngine
 from .output import CommandResult
 from .shell import ShellKind, ShellSession
+from .shell_task import ShellTaskEnvironment, extract_command, format_observation
 
 __all__ = ["DockerEnvironment", "extract_command", "format_observation"]
 
-_FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
 
-
-def extract_command(text: str) -> str:
-    """The first fenced code block's content, else the whole stripped text."""
-    text = text.replace("\r\n", "\n")
-    match = _FENCE.search(text)
-    return (match.group(1) if match else text).strip()
-
-
-def format_observation(result: CommandResult, timeout: float | None = None) -> str:
-    """The command output, with a note when it failed, timed out or left the shell waiting."""
-    parts = [result.output.rstrip("\n")] if result.output.strip() else []
-    if result.continuation_prompt:
-        parts.append(
-            "[the shell was waiting for more input (unterminated quote, heredoc or block); "
-            "the command was discarded]"
-        )
-    elif result.timed_out:
-        after = f" after {timeout:g}s" if timeout is not None else ""
-        parts.append(f"[command timed out{after} and was interrupted]")
-    elif result.exit_code not in (0, None):
-        parts.append(f"[exit code: {result.exit_code}]")
-    if result.shell_restarted:
-        parts.append("[the shell was restarted: working directory and variables were reset]")
-    return "\n".join(parts)
-
-
-class DockerEnvironment(BaseEnvironment):
+class DockerEnvironment(ShellTaskEnvironment):
     """A shell task: one container per instance (made on ``reset``, removed on ``aclose``);
-    ``submit_keyword`` or ``max_steps`` ends it, and ``verify_command`` exit 0 -> reward 1.0.
+    ``submit_keyword`` or ``max_steps`` ends it, and ``verify_command`` exit 0 -> reward 1.0
+    (its exit code and output tail in ``info["verify"]``).
     """
-
-    pure_step = False
-    reward_range = (0.0, 1.0)  # verify command: 1.0 on exit 0, else 0.0
 
     def __init__(
         self,
@@ -71,15 +46,17 @@ class DockerEnvironment(BaseEnvironment):
         max_output_bytes: int = 16 * 1024,
         shell: ShellKind = "auto",
     ) -> None:
-        super().__init__(max_steps=max_steps)
+        super().__init__(
+            max_steps=max_steps,
+            submit_keyword=submit_keyword,
+            verify_on_truncation=verify_on_truncation,
+        )
         self.spec = dataclasses.replace(spec, image=image) if spec else ContainerSpec(image=image)
         self.instruction = instruction
         self.verify_command = verify_command
         self.setup_commands = tuple(setup_commands)
-        self.submit_keyword = submit_keyword
         self.command_timeout = command_timeout
         self.verify_timeout = verify_timeout
-        self.verify_on_truncation = verify_on_truncation
         self.max_output_bytes = max_output_bytes
         self.shell_kind: ShellKind = shell
         self._engine = engine
@@ -136,36 +113,12 @@ class DockerEnvironment(BaseEnvironment):
             info={"container_id": container.id},
         )
 
-    async def _step(self, state: State, action: Action) -> StepResult:
+    async def _run_command(self, command: str) -> tuple[CommandResult, float | None]:
         if self._session is None or self._container is None:
             raise EnvError("DockerEnvironment.step() before reset()")
-        command = extract_command(action.text)
-        step = state.step + 1
-        info: dict[str, Any] = {"command": command}
-        if command == self.submit_keyword:
-            terminated, truncated, text = True, False, "Submitted."
-        else:
-            result = await self._session.run(command, timeout=self.command_timeout)
-            text = format_observation(result, self.command_timeout)
-            terminated, truncated = False, self.max_steps is not None and step >= self.max_steps
-            info.update(
-                exit_code=result.exit_code,
-                timed_out=result.timed_out,
-                continuation_prompt=result.continuation_prompt,
-                duration_s=result.duration_s,
-            )
-        reward = 0.0
-        if terminated or (truncated and self.verify_on_truncation):
-            reward, info["verify"] = await self._verify()
-        next_state = state.advance(
-            action,
-            Observation(text=text, data=dict(info)),
-            terminated=terminated,
-            truncated=truncated,
-        )
-        return StepResult.of(next_state, reward, info)
+        return await self._session.run(command, timeout=self.command_timeout), self.command_timeout
 
-    async def _verify(self) -> tuple[float, dict[str, Any]]:
+    async def _verify_episode(self) -> tuple[float, Mapping[str, Any]]:
         """Run the verify command in a fresh exec; reward 1.0 when it exits 0."""
         if self.verify_command is None or self._container is None:
             return 0.0, {}
@@ -173,7 +126,7 @@ class DockerEnvironment(BaseEnvironment):
             ["/bin/sh", "-c", self.verify_command], timeout=self.verify_timeout
         )
         details = {"exit_code": result.exit_code, "output": result.output[-2000:]}
-        return (1.0 if result.ok else 0.0), details
+        return (1.0 if result.ok else 0.0), {"verify": details}
 
     async def _remove_container(self) -> None:
         container, self._container, self._session = self._container, None, None

@@ -1,6 +1,9 @@
-"""Local images without a registry: a Debian base from debootstrap, a busybox image for tests.
+"""Local images without a registry: a Debian base from debootstrap, stand-ins for common
+official bases (built from Debian's packages), a busybox image for tests, and ``build_image``
+(a Dockerfile build whose error shows the build log's tail).
 
-Run ``python -m llenvs_async.docker.images build-base`` (or ``build-busybox``, ``build-all``).
+Run ``python -m llenvs_async.docker.images build-base`` (or ``build-standins``,
+``build-busybox``, ``build-all``).
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ import argparse
 import asyncio
 import fcntl
 import io
+import json
 import os
 import re
 import shutil
@@ -17,24 +21,31 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
+
 from ..errors import ImageError, LlenvsError
-from .engine import DockerEngine, split_image_ref
+from .engine import DockerEngine, split_image_ref, translate_errors
 
 __all__ = [
     "BASE_ALIASES",
     "BASE_IMAGE",
     "BUSYBOX_IMAGE",
     "IMAGE_LABEL",
+    "PYTHON_STANDIN",
+    "STANDIN_PATTERNS",
     "ImageInfo",
     "apt_mirror",
+    "build_image",
     "ensure_base_image",
     "ensure_busybox_image",
+    "ensure_standin_images",
     "import_rootfs",
     "main",
+    "tag_slug",
 ]
 
 BASE_IMAGE = "llenvs/base:bookworm"
@@ -43,7 +54,28 @@ BUSYBOX_IMAGE = "llenvs/busybox:latest"
 IMAGE_LABEL = "llenvs.image"
 BASE_PACKAGES = ("python3", "procps", "bash", "coreutils")
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
+PYTHON_STANDIN = "llenvs/python:3-bookworm"
+STANDIN_PATTERNS: tuple[tuple[str, str], ...] = (
+    ("debian:*", BASE_IMAGE),
+    ("ubuntu:*", BASE_IMAGE),
+    ("python:3*", PYTHON_STANDIN),
+)
+"""Official base images (``fnmatch`` patterns on ``repository:tag``) and the local stand-in
+each maps to: a Debian bookworm rootfs (plus python3, pip and venv for ``python:3*``)."""
+_PYTHON_DOCKERFILE = f"""FROM {BASE_IMAGE}
+RUN apt-get update \\
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \\
+      python3-pip python3-venv python-is-python3 ca-certificates \\
+ && rm -rf /var/lib/apt/lists/* /usr/lib/python3*/EXTERNALLY-MANAGED
+LABEL {IMAGE_LABEL}=python-standin
+"""
+_LOG_TAIL_LINES = 25
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def tag_slug(name: str) -> str:
+    """``name`` as a valid image repository component (lower case, ``[a-z0-9._-]``)."""
+    return re.sub(r"[^a-z0-9._-]+", "-", name.lower()).strip("-._") or "task"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -285,11 +317,92 @@ async def ensure_busybox_image(
     return ImageInfo(id=image_id, tags=(tag,), built=True, seconds=time.monotonic() - started)
 
 
+async def build_image(
+    engine: DockerEngine,
+    context: AsyncIterable[bytes],
+    *,
+    tag: str,
+    labels: Mapping[str, str] | None = None,
+    network: bool = False,
+    what: str | None = None,
+) -> list[str]:
+    """``docker build`` of a tar context; returns the build log's lines.
+
+    ``network``: build with the host's network (the daemon here has no bridge, so that is
+    the only network a build can get); else none. A failed build raises ``ImageError`` with
+    the failing step's error AND the last lines of the build log.
+    """
+    what = what or f"building {tag}"
+    params = {"t": tag, "rm": "1", "forcerm": "1", "networkmode": "host" if network else "none"}
+    if labels:
+        params["labels"] = json.dumps(dict(labels))
+    log: list[str] = []
+    error: str | None = None
+    with translate_errors(what, image=tag):
+        async with engine.client._query(
+            "build",
+            "POST",
+            params=params,
+            data=context,
+            headers={"Content-Type": "application/x-tar"},
+            timeout=aiohttp.ClientTimeout(),
+            chunked=True,
+        ) as response:
+            async for raw in response.content:
+                line = raw.decode("utf-8", "replace").strip()
+                if not line:
+                    continue
+                try:
+                    message = json.loads(line)
+                except json.JSONDecodeError:
+                    log.append(line)
+                    continue
+                if "stream" in message:
+                    log.extend(str(message["stream"]).rstrip("\n").splitlines())
+                if "error" in message or "errorDetail" in message:
+                    detail = message.get("errorDetail", {}).get("message") or message.get("error")
+                    error = str(detail)
+    if error is not None:
+        tail = "\n".join(f"  | {line}" for line in log[-_LOG_TAIL_LINES:])
+        raise ImageError(f"{what} failed: {error}\nbuild log (last lines):\n{tail}")
+    return log
+
+
+async def ensure_standin_images(engine: DockerEngine, *, force: bool = False) -> list[ImageInfo]:
+    """The base image, then the python stand-in (``apt-get`` from the host's network, once)."""
+    base = await ensure_base_image(engine, force=False)
+    label = "python-standin"
+    async with _BuildLock(PYTHON_STANDIN):
+        info = None if force else await _existing(engine, PYTHON_STANDIN, label)
+        if info is None:
+            started = time.monotonic()
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w") as tar:
+                text = _PYTHON_DOCKERFILE.encode()
+                member = tarfile.TarInfo("Dockerfile")
+                member.size = len(text)
+                tar.addfile(member, io.BytesIO(text))
+            await build_image(
+                engine, _bytes_stream(buf.getvalue()), tag=PYTHON_STANDIN, network=True
+            )
+            data = await engine.inspect_image(PYTHON_STANDIN)
+            assert data is not None
+            info = ImageInfo(
+                id=str(data["Id"]),
+                tags=(PYTHON_STANDIN,),
+                built=True,
+                seconds=time.monotonic() - started,
+            )
+    return [base, info]
+
+
 async def _cli(command: str, force: bool) -> list[ImageInfo]:
     async with DockerEngine() as engine:
         built = []
         if command in ("build-base", "build-all"):
             built.append(await ensure_base_image(engine, force=force))
+        if command in ("build-standins", "build-all"):
+            built.extend((await ensure_standin_images(engine, force=force))[1:])
         if command in ("build-busybox", "build-all"):
             built.append(await ensure_busybox_image(engine, force=force))
         return built
@@ -298,7 +411,8 @@ async def _cli(command: str, force: bool) -> list[ImageInfo]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m llenvs_async.docker.images``."""
     parser = argparse.ArgumentParser(prog="python -m llenvs_async.docker.images")
-    parser.add_argument("command", choices=["build-base", "build-busybox", "build-all"])
+    commands = ["build-base", "build-standins", "build-busybox", "build-all"]
+    parser.add_argument("command", choices=commands)
     parser.add_argument("--force", action="store_true", help="rebuild even if the image exists")
     args = parser.parse_args(argv)
     try:

@@ -39,6 +39,10 @@ def _one_line_error(err: str) -> str:
         (["run", "--env", "chain", "-o", "/no/such/dir/r.jsonl"], "does not exist"),
         (["run", "--env", "chain", "-t", "99"], "unknown task '99'"),
         (["run", "--env", "chain", "--retry-failed"], "--retry-failed"),
+        (["run", str(EXAMPLE_TASKS), "--base-image", "python"], "--base-image: a base-image"),
+        (["run", str(EXAMPLE_TASKS), "--build-ca-bundle", "/no/ca.pem"], "no such file"),
+        (["run", str(EXAMPLE_TASKS), "--command-timeout", "0"], "--command-timeout"),
+        (["run", "--env", "chain", "--allow-network"], "need a Harbor DATASET"),
         (["q-values", "/no/such.jsonl"], "does not exist"),
         (["q-values", "x.jsonl", "-n", "1"], "--rollouts"),
         (["q-values", "x.jsonl", "--step", "-1"], "--step"),
@@ -137,3 +141,47 @@ async def test_a_run_where_every_rollout_failed_exits_non_zero(tmp_path: Path, c
     assert res.code == 1
     assert "every rollout failed; first error: BackendError" in res.err
     assert out.read_text().count("\n") == 5  # the failed rollouts are still recorded
+
+
+@pytest.mark.docker
+def test_run_where_every_task_fails_to_start_is_one_line(
+    cli: Invoke, tmp_path: Path, docker_ready: None
+) -> None:
+    import shutil
+
+    tasks = tmp_path / "tasks"
+    shutil.copytree(EXAMPLE_TASKS / "csv-totals", tasks / "csv-totals")
+    dockerfile = tasks / "csv-totals" / "environment" / "Dockerfile"
+    dockerfile.write_text("FROM ghcr.io/nowhere/missing:1\n")
+    out = tmp_path / "r.jsonl"
+    res = cli("run", str(tasks), "-o", str(out), "-q")
+    assert res.code == 1
+    line = _one_line_error(res.err)
+    assert "every rollout failed" in line and "ghcr.io/nowhere/missing:1" in line
+    assert "--base-image" in line
+    assert len(out.read_text().splitlines()) == 1  # the failure is recorded, not dropped
+
+
+def test_harbor_options_are_recorded_with_the_source() -> None:
+    from llenvs_async.cli._sources import HarborOptions, SourceSpec
+
+    options = HarborOptions(
+        base_images=(("python:3.*", "llenvs/python:3-bookworm"),), build_network=True,
+        allow_network=True, command_timeout=30.0,
+    )  # fmt: skip
+    spec = SourceSpec.from_flags(str(EXAMPLE_TASKS), None, None, options)
+    data = spec.to_json()
+    assert data["harbor"]["base_images"] == [["python:3.*", "llenvs/python:3-bookworm"]]
+    assert SourceSpec.from_json(data, "x") == spec
+    plain = SourceSpec.from_flags(str(EXAMPLE_TASKS), None, None)
+    assert "harbor" not in plain.to_json()  # files written before these flags still match
+    assert SourceSpec.from_json(plain.to_json(), "x") == plain
+
+
+def test_tasks_list_shows_unloadable_tasks_with_their_error(cli: Invoke) -> None:
+    tasks = Path(__file__).resolve().parents[1] / "adapters" / "harbor" / "tasks_real"
+    res = cli("tasks", "list", str(tasks))
+    assert res.code == 0, res.err
+    flat = " ".join(res.out.replace("│", " ").split())
+    assert "llenvs-real/multi-step" in flat and "(cannot load:" in flat
+    assert "[[steps]]" in flat  # shown as written, not eaten as markup

@@ -9,6 +9,7 @@ from llenvs_async.policies import (
     HARBOR_DESTRUCTIVE,
     arithmetic_oracle,
     counter_oracle,
+    harbor_mistakes,
     harbor_oracle,
     next_solution_command,
 )
@@ -70,3 +71,15 @@ def test_builtin_oracles() -> None:
     assert counter(below) == "inc"
     with pytest.raises(ValueError, match="epsilon"):
         counter_oracle(epsilon=1.5)
+
+
+def test_harbor_mistakes_follow_the_tasks_workdir() -> None:
+    assert harbor_mistakes("/task") == ("ls -la /task", "cat /etc/os-release", "rm -rf /task/*")
+    assert "rm" not in " ".join(harbor_mistakes("/"))  # never wipe the whole filesystem
+    workdirs = {"a": "/workspace", "b": "/root"}
+    clumsy = harbor_oracle(
+        lambda task: SOLUTION, epsilon=1.0, mistakes=lambda task: harbor_mistakes(workdirs[task])
+    )
+    picks = {clumsy(_request(task="a", index=i)) for i in range(40)}
+    assert "rm -rf /workspace/*" in picks and not any("/app" in p for p in picks)
+    assert "ls -la /root" in {clumsy(_request(task="b", index=i)) for i in range(40)}

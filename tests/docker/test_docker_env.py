@@ -40,7 +40,19 @@ async def test_episode_with_submit_is_verified(make_env: EnvMaker, engine: Docke
     container_id = env.container.id
 
     step = await env.step(state, Action(text="I will do it.\n```bash\ncd /tmp\ntouch done\n```"))
-    assert (step.reward, step.terminated, step.next_state.observation.text) == (0.0, False, "")
+    assert (step.reward, step.terminated, step.next_state.observation.text) == (
+        0.0,
+        False,
+        "(no output)",
+    )
+    assert set(step.info) == {
+        "command",
+        "exit_code",
+        "timed_out",
+        "continuation_prompt",
+        "duration_sec",
+    }  # the keys HarborEnvironment uses too
+    assert env.reward_range == (0.0, 1.0)
     listing = await env.step(step.next_state, Action(text="ls"))
     assert listing.next_state.observation.text == "done"  # cwd persisted from the last step
     final = await env.step(listing.next_state, Action(text="SUBMIT"))

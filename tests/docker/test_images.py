@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import io
 import tarfile
+import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
+
 from llenvs_async.docker import BASE_ALIASES, DockerEngine, ensure_busybox_image
-from llenvs_async.docker.images import IMAGE_LABEL, apt_mirror
+from llenvs_async.docker.images import IMAGE_LABEL, apt_mirror, build_image
+from llenvs_async.errors import ImageError
 
 from .conftest import ContainerFactory
 
@@ -71,3 +76,36 @@ def test_apt_mirror_reads_deb822_and_list_files(tmp_path: Path) -> None:
     )
     assert apt_mirror(tmp_path) == "http://other.example/d"
     assert apt_mirror(tmp_path, suite="trixie") == "http://deb.debian.org/debian"
+
+
+async def _context(dockerfile: bytes) -> AsyncIterator[bytes]:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        member = tarfile.TarInfo("Dockerfile")
+        member.size = len(dockerfile)
+        tar.addfile(member, io.BytesIO(dockerfile))
+    yield buf.getvalue()
+
+
+async def test_failed_build_shows_the_log_tail_and_builds_have_no_network(
+    engine: DockerEngine, base_image: str
+) -> None:
+    token = uuid.uuid4().hex  # never cached
+    dockerfile = (
+        f"FROM {base_image}\nRUN echo step-{token} && (getent hosts deb.debian.org || "
+        "echo no-dns-in-build) && false\n"
+    ).encode()
+    tag = f"llenvs-test/fails:{token[:12]}"
+    with pytest.raises(ImageError) as info:
+        await build_image(engine, _context(dockerfile), tag=tag)
+    message = str(info.value)
+    assert "returned a non-zero code: 1" in message
+    assert f"step-{token}" in message and "no-dns-in-build" in message  # the log's tail
+    assert await engine.inspect_image(tag) is None
+    log = await build_image(
+        engine, _context(f"FROM {base_image}\nRUN echo ok-{token}\n".encode()), tag=tag
+    )
+    try:
+        assert f"ok-{token}" in log
+    finally:
+        await engine.client.images.delete(tag, force=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from .adapter import HarborAdapter, default_cache_dir
 from .dataset import HarborDataset, load_local_dataset
 from .environment import HarborEnvironment, HarborRuntime, format_observation, parse_command
-from .image import TaskImages
+from .image import BuildSettings, ImageResolver, TaskImages, normalise_image_ref
 from .registry import (
     DEFAULT_REGISTRY_URL,
     RegistryDataset,
@@ -24,6 +24,7 @@ from .task import (
     EnvironmentConfig,
     HarborTask,
     NetworkMode,
+    SolutionConfig,
     TaskConfig,
     TaskInfo,
     VerifierConfig,
@@ -36,17 +37,20 @@ __all__ = [
     "DEFAULT_REGISTRY_URL",
     "AgentConfig",
     "Author",
+    "BuildSettings",
     "EnvironmentConfig",
     "HarborAdapter",
     "HarborDataset",
     "HarborEnvironment",
     "HarborRuntime",
     "HarborTask",
+    "ImageResolver",
     "NetworkMode",
     "RegistryDataset",
     "RegistryTask",
     "SnapshotRestore",
     "SnapshotStats",
+    "SolutionConfig",
     "TaskCache",
     "TaskConfig",
     "TaskImages",
@@ -60,6 +64,7 @@ __all__ = [
     "harbor_restore",
     "load_local_dataset",
     "load_task",
+    "normalise_image_ref",
     "parse_command",
     "parse_registry",
     "parse_reward",

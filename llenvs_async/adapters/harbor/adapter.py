@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
 from ...docker.engine import DockerEngine
 from .dataset import HarborDataset, load_local_dataset
 from .environment import HarborEnvironment, HarborRuntime
-from .image import TaskImages
+from .image import BuildSettings, TaskImages
 from .registry import DEFAULT_REGISTRY_URL, TaskCache
 
 __all__ = ["HarborAdapter", "default_cache_dir"]
@@ -48,9 +48,13 @@ class HarborAdapter:
     ``registry``: path or URL of a ``registry.json`` for ``name@version`` datasets
     (default ``$LLENVS_HARBOR_REGISTRY`` or Harbor's public registry). Containers get
     a network only when a task asks for one AND ``allow_network`` is true.
-    ``base_image_aliases`` rewrites Dockerfile ``FROM`` images (and prebuilt
-    ``docker_image`` names) to images present locally. ``engine``: share one
-    ``DockerEngine`` (owned by the caller); by default each environment opens its own.
+    ``base_image_aliases`` maps image names (``fnmatch`` patterns, e.g. ``"python:3.*"``)
+    that Dockerfiles (``FROM``, ``COPY --from``) and prebuilt ``docker_image`` names use
+    to images present locally; unmapped names fall back to built-in stand-ins (see
+    ``image.py``). ``build_network``: builds use the host's network (off by default,
+    separate from ``allow_network``); ``build_ca_bundle``: a host CA file trusted inside
+    builds. ``engine``: share one ``DockerEngine`` (owned by the caller); by default each
+    environment opens its own.
     """
 
     def __init__(
@@ -59,7 +63,9 @@ class HarborAdapter:
         registry: str | Path | None = None,
         *,
         allow_network: bool = False,
-        base_image_aliases: Mapping[str, str] | None = None,
+        base_image_aliases: Mapping[str, str] | Sequence[tuple[str, str]] | None = None,
+        build_network: bool = False,
+        build_ca_bundle: str | Path | None = None,
         docker_url: str | None = None,
         engine: DockerEngine | None = None,
     ) -> None:
@@ -68,7 +74,13 @@ class HarborAdapter:
             registry or os.environ.get("LLENVS_HARBOR_REGISTRY") or DEFAULT_REGISTRY_URL
         )
         self.allow_network = allow_network
-        self.images = TaskImages(base_image_aliases or {})
+        ca_bundle = Path(build_ca_bundle).expanduser() if build_ca_bundle else None
+        if ca_bundle is not None and not ca_bundle.is_file():
+            raise ValueError(f"build_ca_bundle {str(ca_bundle)!r} is not a file")
+        self.images = TaskImages(
+            base_image_aliases or (),
+            BuildSettings(network=build_network, ca_bundle=ca_bundle),
+        )
         self.runtime = HarborRuntime(
             images=self.images, allow_network=allow_network, docker_url=docker_url, engine=engine
         )
@@ -101,12 +113,13 @@ class HarborAdapter:
         max_steps: int | None = 30,
         *,
         submit_keyword: str = "SUBMIT",
-        command_timeout_sec: float = 120.0,
+        command_timeout_sec: float | Literal["task"] = "task",
         verify_on_truncation: bool = True,
         budget_sec: float | Literal["task"] | None = "task",
     ) -> HarborEnvironment:
         """A new, not yet reset ``HarborEnvironment``; ``budget_sec="task"`` takes the budget
-        from ``[agent].timeout_sec`` (``None``: unlimited)."""
+        from ``[agent].timeout_sec`` (``None``: unlimited), ``command_timeout_sec="task"`` each
+        command's limit too (600 s when the task gives none)."""
         dataset = await self.get_dataset(name_or_path)
         return HarborEnvironment(
             self.runtime,

@@ -4,19 +4,23 @@ Task order is stable and documented, because states record a task index:
 a local directory is sorted by task directory name; a registry dataset (see
 ``registry.py``) keeps the registry's order. States also record the task name,
 so a restore can detect that an index now points at another task (index drift).
+
+A task that fails to load (malformed, or a format feature we refuse) never blocks
+its siblings: it is kept in ``unloadable`` with its ``TaskLoadError``, which a
+lookup by its name raises; indices count loadable tasks only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
 from ...errors import TaskLoadError
-from .task import HarborTask, load_task, short_name
+from .task import HarborTask, load_task, parse_task_config, short_name
 
-__all__ = ["HarborDataset", "load_local_dataset"]
+__all__ = ["HarborDataset", "load_local_dataset", "load_tasks"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -27,10 +31,12 @@ class HarborDataset:
     version: str | None
     source: str
     tasks: tuple[HarborTask, ...]
+    unloadable: Mapping[str, TaskLoadError] = field(default_factory=lambda: MappingProxyType({}))
+    """Task name (else directory name) -> why that task could not be loaded."""
     _by_name: Mapping[str, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not self.tasks:
+        if not self.tasks and not self.unloadable:
             raise TaskLoadError(
                 "holds no tasks (no sub-directory with a task.toml)", path=self.source
             )
@@ -60,9 +66,15 @@ class HarborDataset:
         return [(i, t.name) for i, t in enumerate(self.tasks)]
 
     def index_of(self, name: str) -> int:
-        """The index of the task with this full name or (unambiguous) short name."""
+        """The index of the task with this full name or (unambiguous) short name; an
+        unloadable task's name raises its ``TaskLoadError``."""
         if name in self._by_name:
             return self._by_name[name]
+        broken = self.unloadable.get(name) or next(
+            (e for n, e in self.unloadable.items() if short_name(n) == short_name(name)), None
+        )
+        if broken is not None and not any(t.short_name == short_name(name) for t in self.tasks):
+            raise broken
         matches = [i for i, t in enumerate(self.tasks) if t.short_name == short_name(name)]
         if len(matches) == 1:
             return matches[0]
@@ -102,5 +114,30 @@ def load_local_dataset(path: Path | str) -> HarborDataset:
         (p for p in root.iterdir() if p.is_dir() and (p / "task.toml").is_file()),
         key=lambda p: p.name,
     )
-    tasks = tuple(load_task(p) for p in task_dirs)
-    return HarborDataset(name=root.name, version=None, source=str(root), tasks=tasks)
+    tasks, unloadable = load_tasks((p, p.name) for p in task_dirs)
+    return HarborDataset(
+        name=root.name, version=None, source=str(root), tasks=tasks, unloadable=unloadable
+    )
+
+
+def load_tasks(
+    dirs: Iterable[tuple[Path, str]],
+) -> tuple[tuple[HarborTask, ...], Mapping[str, TaskLoadError]]:
+    """Load ``(directory, fallback name)`` pairs in order; the ones that fail are returned
+    apart, keyed by their ``[task].name`` when it can be read, else the fallback name."""
+    tasks: list[HarborTask] = []
+    unloadable: dict[str, TaskLoadError] = {}
+    for path, fallback in dirs:
+        try:
+            tasks.append(load_task(path, fallback_name=fallback))
+        except TaskLoadError as exc:
+            unloadable[_declared_name(path) or fallback] = exc
+    return tuple(tasks), MappingProxyType(unloadable)
+
+
+def _declared_name(path: Path) -> str | None:
+    try:
+        config = parse_task_config((path / "task.toml").read_text(encoding="utf-8"))
+    except (TaskLoadError, OSError, UnicodeDecodeError):
+        return None
+    return config.task.name if config.task is not None else None

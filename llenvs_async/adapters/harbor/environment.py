@@ -1,11 +1,9 @@
 """``HarborEnvironment``: one Harbor task episode in a container driven through a persistent shell.
 
-Rules: the initial observation holds the task's instruction; an action's command
-is the first fenced code block of its text, else the whole stripped text; the
-submit keyword (``SUBMIT``) ends the episode and runs the verifier; ``max_steps``
-truncates it (verified unless ``verify_on_truncation=False``); an observation is
-the command's output plus its exit code when non-zero; the reward is 0.0 except
-on the terminal step, which carries the verifier's reward.
+Rules: the initial observation holds the task's instruction; the step rules (command
+parsing, ``SUBMIT``, ``max_steps``, verify on truncation, observations, info keys) are
+``ShellTaskEnvironment``'s, shared with ``DockerEnvironment``; the terminal step carries
+the verifier's reward.
 
 Time budget (``[agent].timeout_sec``): only command time counts (not the time the
 agent spends generating), each command's timeout is ``min(budget left, per-command
@@ -21,7 +19,6 @@ in its own exec (not the agent's shell), as Harbor does.
 from __future__ import annotations
 
 import io
-import os
 import re
 import tarfile
 import time
@@ -32,11 +29,10 @@ from typing import Any, Literal
 
 from ...docker.container import Container, ContainerSpec
 from ...docker.engine import DockerEngine
-from ...docker.environment import extract_command
-from ...docker.environment import format_observation as shell_observation
 from ...docker.output import CommandResult
 from ...docker.shell import ShellSession
-from ...env import BaseEnvironment, new_episode_id
+from ...docker.shell_task import ShellTaskEnvironment, extract_command, observation_text
+from ...env import new_episode_id
 from ...errors import (
     ContainerError,
     ContinuationPromptError,
@@ -44,10 +40,10 @@ from ...errors import (
     RestoreError,
     VerifierError,
 )
-from ...types import Action, Observation, State, StepResult
+from ...types import Observation, State
 from .dataset import HarborDataset
 from .image import TASK_IMAGE_LABEL, TaskImages
-from .task import HarborTask
+from .task import HarborTask, resolve_env
 from .verifier import REWARD_JSON, REWARD_TXT, VERIFIER_LOG_DIR, VerifierResult, parse_reward
 
 __all__ = [
@@ -59,35 +55,23 @@ __all__ = [
 ]
 
 DATASET_LABEL = "llenvs.harbor.dataset"
-_ENV_VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+DEFAULT_COMMAND_TIMEOUT_SEC = 600.0
+"""A command's time limit when the task gives no ``[agent].timeout_sec``."""
+# What a download failing for want of a network prints (curl, wget, pip, uv, apt, git, python).
+_NO_NETWORK_RE = re.compile(
+    r"Could not resolve host|Temporary failure (?:in name resolution|resolving)|"
+    r"Name or service not known|Network is unreachable|Failed to establish a new connection|"
+    r"unable to resolve host|failed to lookup address|No address associated with hostname|"
+    r"dns error",
+    re.IGNORECASE,
+)
 _MIB = 1 << 20
 _VERIFIER_TAIL_CHARS = 4000
 
 
-# The content of the first fenced code block in an action's text, else the stripped text:
-# one rule for every shell-task environment.
+# One rule for every shell-task environment (kept under the names this package exported).
 parse_command = extract_command
-
-
-def format_observation(result: CommandResult, timeout: float) -> str:
-    """The shell layer's observation of a command, never empty (the model must see a reply)."""
-    return shell_observation(result, timeout) or "(no output)"
-
-
-def _resolve_env(env: Mapping[str, str], task: HarborTask) -> dict[str, str]:
-    """Expand ``${VAR}`` / ``${VAR:-default}`` in task env values from the host environment."""
-
-    def expand(match: re.Match[str]) -> str:
-        name, default = match.group(1), match.group(2)
-        value = os.environ.get(name, default)
-        if value is None:
-            raise EnvError(
-                f"task {task.name!r} needs host environment variable {name} "
-                "(set it, or give a default as ${VAR:-default} in task.toml)"
-            )
-        return value
-
-    return {key: _ENV_VAR_RE.sub(expand, value) for key, value in env.items()}
+format_observation = observation_text
 
 
 def _positive(value: object) -> bool:
@@ -104,15 +88,12 @@ class HarborRuntime:
     engine: DockerEngine | None = None
 
 
-class HarborEnvironment(BaseEnvironment):
+class HarborEnvironment(ShellTaskEnvironment):
     """A Harbor task as an ``Environment``; ``pure_step=False`` (the container is the state).
 
     Cheap to create: the container starts in ``reset`` (by task index or name) and
     ``aclose`` removes it. Use ``HarborAdapter.get_environment`` to make one.
     """
-
-    pure_step = False
-    reward_range = (0.0, 1.0)  # verifier rewards (Gymnasium convention; estimators read it)
 
     def __init__(
         self,
@@ -121,24 +102,27 @@ class HarborEnvironment(BaseEnvironment):
         *,
         max_steps: int | None = 30,
         submit_keyword: str = "SUBMIT",
-        command_timeout_sec: float = 120.0,
+        command_timeout_sec: float | Literal["task"] = "task",
         verify_on_truncation: bool = True,
         budget_sec: float | Literal["task"] | None = "task",
     ) -> None:
-        super().__init__(max_steps=max_steps)
-        if not submit_keyword.strip():
-            raise ValueError("submit_keyword must be a non-empty word")
-        if not command_timeout_sec > 0:
-            raise ValueError(f"command_timeout_sec must be > 0, got {command_timeout_sec!r}")
+        super().__init__(
+            max_steps=max_steps,
+            submit_keyword=submit_keyword,
+            verify_on_truncation=verify_on_truncation,
+        )
+        if command_timeout_sec != "task" and not _positive(command_timeout_sec):
+            raise ValueError(
+                f"command_timeout_sec is seconds > 0 or 'task', got {command_timeout_sec!r}"
+            )
         if budget_sec != "task" and not (budget_sec is None or _positive(budget_sec)):
             raise ValueError(
                 f"budget_sec is seconds > 0, None (unlimited) or 'task', got {budget_sec!r}"
             )
         self.runtime = runtime
         self.dataset = dataset
-        self.submit_keyword = submit_keyword.strip()
-        self.command_timeout_sec = command_timeout_sec
-        self.verify_on_truncation = verify_on_truncation
+        self._command_timeout = command_timeout_sec
+        self._network = False
         self._budget_override = budget_sec
         self._engine: DockerEngine | None = None
         self._container: Container | None = None
@@ -176,6 +160,15 @@ class HarborEnvironment(BaseEnvironment):
         return self._shell
 
     @property
+    def command_timeout_sec(self) -> float:
+        """One command's time limit: the one given, else (``"task"``) the task's
+        ``[agent].timeout_sec`` (Harbor bounds its oracle by it), else 600 s."""
+        if self._command_timeout != "task":
+            return float(self._command_timeout)
+        task_limit = self._task.config.agent.timeout_sec if self._task is not None else None
+        return task_limit or DEFAULT_COMMAND_TIMEOUT_SEC
+
+    @property
     def budget_left_sec(self) -> float | None:
         """Seconds of command time left (``None``: no budget)."""
         if self._budget_sec is None:
@@ -184,9 +177,6 @@ class HarborEnvironment(BaseEnvironment):
 
     def list_tasks(self) -> list[tuple[int, str]]:
         return self.dataset.list_tasks()
-
-    def is_submit(self, action: Action) -> bool:
-        return parse_command(action.text) == self.submit_keyword
 
     @contextmanager
     def replaying(self) -> Iterator[None]:
@@ -249,7 +239,7 @@ class HarborEnvironment(BaseEnvironment):
         run = await container.exec(
             ["bash", "-c", f"bash /tests/test.sh > {VERIFIER_LOG_DIR}/test-stdout.txt 2>&1"],
             timeout=cfg.timeout_sec,
-            env=_resolve_env(cfg.env, task),
+            env=resolve_env(cfg.env, task.name),
             workdir=self._workdir,
             user=None if cfg.user is None else str(cfg.user),
         )
@@ -260,8 +250,41 @@ class HarborEnvironment(BaseEnvironment):
                 kind="timeout",
                 path="/tests/test.sh",
             )
-        result = parse_reward(await self._read_file(REWARD_JSON), await self._read_file(REWARD_TXT))
+        try:
+            result = parse_reward(
+                await self._read_file(REWARD_JSON), await self._read_file(REWARD_TXT)
+            )
+        except VerifierError:
+            self._check_offline_verifier(task, log)
+            raise
+        if result.reward < 1.0:
+            self._check_offline_verifier(task, log)
         return replace(result, exit_code=run.exit_code, output=log[-_VERIFIER_TAIL_CHARS:])
+
+    def _check_offline_verifier(self, task: HarborTask, log: str) -> None:
+        """Raise ``VerifierError(kind="network")`` when the verifier failed to reach the
+        internet: its low reward says nothing about the agent's work."""
+        match = _NO_NETWORK_RE.search(log)
+        if match is None:
+            return
+        start = log.rfind("\n", 0, match.start()) + 1
+        end = log.find("\n", match.end())
+        line = log[start : end if end >= 0 else len(log)].strip()
+        if self._network:
+            why = "its container was given a network but could not resolve or reach the host"
+        elif not task.config.environment.wants_network:
+            why = "its container has none: the task's network_mode is 'no-network'"
+        else:
+            why = (
+                "its container has none: the run grants none "
+                "(pass --allow-network, HarborAdapter(allow_network=True))"
+            )
+        raise VerifierError(
+            f"the verifier of {task.name!r} needs the internet but {why}; "
+            f"it printed: {line[:300]!r}",
+            kind="network",
+            path="/tests/test.sh",
+        )
 
     async def resume_from_image(self, image: str, state: State) -> State:
         """Continue ``state`` in a new container started from ``image``, a commit of an episode
@@ -290,10 +313,11 @@ class HarborEnvironment(BaseEnvironment):
         engine = await self._get_engine()
         image = image or await self.runtime.images.ensure(engine, harbor_task)
         network = self.runtime.allow_network and env_cfg.wants_network
+        self._network = network
         agent_user = harbor_task.config.agent.user
         spec = ContainerSpec(
             image=image,
-            env=_resolve_env(env_cfg.env, harbor_task),
+            env=resolve_env(env_cfg.env, harbor_task.name),
             workdir=env_cfg.workdir,
             user=None if agent_user is None else str(agent_user),
             network_mode="bridge" if network else "none",
@@ -321,47 +345,25 @@ class HarborEnvironment(BaseEnvironment):
             seed=seed,
         )
 
-    async def _step(self, state: State, action: Action) -> StepResult:
-        command = parse_command(action.text)
-        step = state.step + 1
-        if command == self.submit_keyword:
-            if self._replaying:
-                raise RestoreError(f"the replayed prefix submits at step {step}", step=step)
-            verdict = await self.verify()
-            return self._result(
-                state, action, "Submitted; the task was verified.", reward=verdict.reward,
-                terminated=True, info={**verdict.info(), "submitted": True},
-            )  # fmt: skip
-        if not command:
-            text = (
-                f"(empty command: reply with a shell command, or {self.submit_keyword} when done)"
+    async def _run_command(self, command: str) -> tuple[CommandResult, float]:
+        return await self._run(command)
+
+    async def _verify_episode(self) -> tuple[float, Mapping[str, Any]]:
+        verdict = await self.verify()
+        return verdict.reward, verdict.info()
+
+    def _before_submit(self, step: int) -> None:
+        if self._replaying:
+            raise RestoreError(f"the replayed prefix submits at step {step}", step=step)
+
+    def _after_command(self, command: str, result: CommandResult, step: int) -> None:
+        if result.continuation_prompt and self._replaying:
+            raise ContinuationPromptError(
+                f"replayed command at step {step} left the shell at a continuation prompt "
+                f"(unterminated quote, heredoc or block): {command[:200]!r}",
+                command=command,
+                step=step,
             )
-            result = None
-        else:
-            result, timeout = await self._run(command)
-            if result.continuation_prompt and self._replaying:
-                raise ContinuationPromptError(
-                    f"replayed command at step {step} left the shell at a continuation prompt "
-                    f"(unterminated quote, heredoc or block): {command[:200]!r}",
-                    command=command,
-                    step=step,
-                )
-            text = format_observation(result, timeout)
-        info: dict[str, Any] = {}
-        if result is not None:
-            info = {"exit_code": result.exit_code, "timed_out": result.timed_out,
-                    "duration_sec": round(result.duration_s, 6)}  # fmt: skip
-        truncation = None if self._replaying else self._truncation(step)
-        if truncation is None:
-            return self._result(state, action, text, info=info)
-        info["truncation_reason"], info["truncation_message"] = truncation
-        if truncation[0] == "agent_timeout":
-            text += f"\n[{truncation[1]}]"
-        reward = 0.0
-        if self.verify_on_truncation:
-            verdict = await self.verify()
-            reward, info = verdict.reward, {**info, **verdict.info()}
-        return self._result(state, action, text, reward=reward, truncated=True, info=info)
 
     async def _aclose(self) -> None:
         try:
@@ -374,15 +376,15 @@ class HarborEnvironment(BaseEnvironment):
     # -- internals --------------------------------------------------------------------------
 
     def _truncation(self, step: int) -> tuple[str, str] | None:
-        """``(reason, message)`` when the episode must stop after ``step``, else ``None``."""
+        """The time budget, then ``max_steps``; never while replaying a saved prefix."""
+        if self._replaying:
+            return None
         if self._budget_sec is not None and self._used_sec >= self._budget_sec:
             return (
                 "agent_timeout",
                 f"the trajectory time budget of {self._budget_sec:g}s is used up",
             )
-        if self.max_steps is not None and step >= self.max_steps:
-            return "max_steps", f"max_steps={self.max_steps} reached"
-        return None
+        return super()._truncation(step)
 
     async def _run(self, command: str) -> tuple[CommandResult, float]:
         """Run an agent command; outside a replay its time is charged to the budget."""
@@ -398,27 +400,6 @@ class HarborEnvironment(BaseEnvironment):
             if result.timed_out and left is not None and timeout >= left:
                 self._used_sec = self._budget_sec
         return result, timeout
-
-    def _result(
-        self,
-        state: State,
-        action: Action,
-        text: str,
-        *,
-        reward: float = 0.0,
-        terminated: bool = False,
-        truncated: bool = False,
-        info: Mapping[str, Any],
-    ) -> StepResult:
-        next_state = state.advance(
-            action,
-            Observation(text=text),
-            terminated=terminated,
-            truncated=truncated,
-            hidden=self._hidden(),
-            info=dict(info),
-        )
-        return StepResult.of(next_state, reward, info)
 
     def _hidden(self) -> dict[str, Any]:
         task = self._require_task()

@@ -1,46 +1,252 @@
 """Task images: each task's ``environment/`` built once, tagged by a hash of its content.
 
-A prebuilt ``[environment].docker_image`` is used when it exists locally (no
-registry is ever contacted); otherwise ``environment/Dockerfile`` is built, with
-``FROM`` lines rewritten through the adapter's base-image aliases. The tag is
-``llenvs-harbor/<task>:<content-hash>``, so an unchanged task is never rebuilt.
+No registry is ever contacted. Every image a Dockerfile names (``FROM``, ``COPY --from=``,
+``ARG``-expanded) or a task's prebuilt ``docker_image`` resolves to a LOCAL image, in order:
+the user's aliases (``fnmatch`` patterns, on the name as written or normalised), the
+normalised name itself when present (``docker.io/library/``, ``public.ecr.aws/docker/library/``
+and ``@sha256:`` digests dropped, ``:latest`` added), then the built-in stand-ins
+(``debian:*``, ``ubuntu:*`` -> our bookworm base, ``python:3*`` -> bookworm + python3/pip;
+see ``STANDIN_PATTERNS``). Each substitution is logged as a warning. A name that resolves
+to nothing is an ``ImageError`` naming it and saying how to map it, before any build starts.
+The tag is ``llenvs-harbor/<task>:<content-hash>``, so an unchanged task is never rebuilt.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import hashlib
 import io
-import json
+import logging
 import re
 import tarfile
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 from ...docker.engine import DockerEngine
+from ...docker.images import STANDIN_PATTERNS, build_image, tag_slug
 from ...errors import ImageError
 from .task import HarborTask
 
-__all__ = ["TASK_IMAGE_LABEL", "TaskImages", "context_tar", "rewrite_from_lines"]
+__all__ = [
+    "CA_BUNDLE_PATH",
+    "TASK_IMAGE_LABEL",
+    "BuildSettings",
+    "ImageResolver",
+    "TaskImages",
+    "context_tar",
+    "normalise_image_ref",
+    "parse_alias",
+    "rewrite_from_lines",
+]
 
 TASK_IMAGE_LABEL = "llenvs.harbor.task"
+CA_BUNDLE_PATH = "/usr/local/share/ca-certificates/llenvs-build-ca.crt"
+_CA_CONTEXT_NAME = ".llenvs-build-ca.crt"
+_log = logging.getLogger("llenvs_async.harbor")
 _FROM_RE = re.compile(
     r"^(\s*FROM\s+(?:--platform=\S+\s+)?)(\S+)(.*)$", re.IGNORECASE | re.MULTILINE
 )
+_ARG_RE = re.compile(r"^\s*ARG\s+([A-Za-z_][A-Za-z0-9_]*)(?:=(\S*))?\s*$", re.IGNORECASE)
+_STAGE_RE = re.compile(r"\s+AS\s+(\S+)\s*$", re.IGNORECASE)
+_COPY_FROM_RE = re.compile(r"^(\s*(?:COPY|ADD)\s+(?:--\S+\s+)*?--from=)(\S+)", re.IGNORECASE)
+_VAR_RE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
+_DOCKER_HUB_PREFIXES = (
+    "docker.io/library/",
+    "index.docker.io/library/",
+    "registry-1.docker.io/library/",
+    "public.ecr.aws/docker/library/",
+    "mirror.gcr.io/library/",
+    "docker.io/",
+    "index.docker.io/",
+    "registry-1.docker.io/",
+    "library/",
+)
+_NETWORK_HINTS = re.compile(
+    r"Temporary failure resolving|Could not resolve|Name or service not known|"
+    r"Failed to establish a new connection|Network is unreachable|unable to access|"
+    r"No matching distribution found",
+    re.IGNORECASE,
+)
+
+
+def normalise_image_ref(ref: str) -> str:
+    """``repository:tag`` of an image reference: registry prefix of Docker Hub's official
+    images and any ``@sha256:`` digest dropped, ``:latest`` when no tag is given."""
+    name = ref.split("@", 1)[0]
+    lowered = name.lower()
+    for prefix in _DOCKER_HUB_PREFIXES:
+        if lowered.startswith(prefix):
+            name = name[len(prefix) :]
+            break
+    last = name.rsplit("/", 1)[-1]
+    return name if ":" in last else f"{name}:latest"
+
+
+def parse_alias(text: str) -> tuple[str, str]:
+    """``"PATTERN=IMAGE"`` (the CLI's ``--base-image``) -> ``(PATTERN, IMAGE)``."""
+    pattern, sep, image = text.partition("=")
+    if not sep or not pattern.strip() or not image.strip():
+        raise ValueError(
+            f"a base-image alias is PATTERN=IMAGE (e.g. 'python:3.*=myimg'), got {text!r}"
+        )
+    return pattern.strip(), image.strip()
+
+
+def _matches(pattern: str, ref: str) -> bool:
+    return fnmatch.fnmatchcase(ref, pattern) or fnmatch.fnmatchcase(
+        normalise_image_ref(ref), pattern
+    )
 
 
 def rewrite_from_lines(dockerfile: str, aliases: Mapping[str, str]) -> str:
-    """Replace base images named in ``aliases`` on the Dockerfile's ``FROM`` lines."""
+    """Replace base images matched by ``aliases`` (exact names or patterns) on ``FROM`` lines."""
     if not aliases:
         return dockerfile
-    return _FROM_RE.sub(lambda m: f"{m[1]}{aliases.get(m[2], m[2])}{m[3]}", dockerfile)
+
+    def sub(match: re.Match[str]) -> str:
+        image = next((v for k, v in aliases.items() if _matches(k, match[2])), match[2])
+        return f"{match[1]}{image}{match[3]}"
+
+    return _FROM_RE.sub(sub, dockerfile)
 
 
-def context_tar(task: HarborTask, aliases: Mapping[str, str]) -> tuple[bytes, str]:
-    """The build context (``environment/``, Dockerfile rewritten) as tar bytes, and its hash
-    over paths, executable bits and contents (never mtimes)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BuildSettings:
+    """How task images are built: ``network`` (the host's network, off by default; apt/pip
+    during a build need it) and ``ca_bundle`` (a host CA file copied into every build stage
+    and named by ``SSL_CERT_FILE``/``PIP_CERT``/``REQUESTS_CA_BUNDLE``/``CURL_CA_BUNDLE``)."""
+
+    network: bool = False
+    ca_bundle: Path | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Use:
+    """One image a Dockerfile names, where, and what it resolved to."""
+
+    written: str
+    line: int
+    image: str
+
+
+class ImageResolver:
+    """Maps the image names tasks use to local images (see the module docstring)."""
+
+    def __init__(self, aliases: Mapping[str, str] | Sequence[tuple[str, str]] = ()) -> None:
+        pairs = list(aliases.items()) if isinstance(aliases, Mapping) else list(aliases)
+        self.aliases: tuple[tuple[str, str], ...] = tuple(pairs)
+        self._local: dict[str, bool] = {}
+
+    async def _present(self, engine: DockerEngine, ref: str) -> bool:
+        if ref not in self._local:
+            self._local[ref] = await engine.inspect_image(ref) is not None
+        return self._local[ref]
+
+    async def resolve(self, engine: DockerEngine, ref: str) -> str | None:
+        """The local image for ``ref``, or ``None`` when nothing matches locally."""
+        for pattern, image in self.aliases:
+            if _matches(pattern, ref):
+                return image
+        if await self._present(engine, ref):
+            return ref
+        normal = normalise_image_ref(ref)
+        if await self._present(engine, normal):
+            return normal
+        for pattern, image in STANDIN_PATTERNS:
+            if fnmatch.fnmatchcase(normal, pattern) and await self._present(engine, image):
+                return image
+        return None
+
+    def how_to_map(self, ref: str) -> str:
+        normal = normalise_image_ref(ref)
+        standin = next(
+            (img for pat, img in STANDIN_PATTERNS if fnmatch.fnmatchcase(normal, pat)), None
+        )
+        hint = (
+            f"build its stand-in {standin} with `llenvs-async images build-standins`, or "
+            if standin
+            else ""
+        )
+        return (
+            f"no registry is reachable: {hint}map it to a local image with "
+            f"--base-image '{normal}=IMAGE' (HarborAdapter(base_image_aliases={{'{normal}': "
+            "IMAGE}), patterns such as 'python:3.*' allowed)"
+        )
+
+
+def _expand(text: str, args: Mapping[str, str]) -> str:
+    def sub(match: re.Match[str]) -> str:
+        name = match[1] or match[3]
+        value = args.get(name, "")
+        return value or (match[2] or "")
+
+    return _VAR_RE.sub(sub, text)
+
+
+def _image_uses(dockerfile: str) -> list[tuple[int, str, str]]:
+    """``(line index, kind, image as written after ARG expansion)`` for every external image
+    (``FROM``/``COPY --from``; stage names, stage indices and ``scratch`` excluded)."""
+    args: dict[str, str] = {}
+    stages: set[str] = set()
+    uses: list[tuple[int, str, str]] = []
+    seen_from = False
+    for index, line in enumerate(dockerfile.split("\n")):
+        if (arg := _ARG_RE.match(line)) and not seen_from:
+            args[arg[1]] = arg[2] or ""
+        elif from_match := _FROM_RE.match(line):
+            seen_from = True
+            image = _expand(from_match[2], args)
+            if image.lower() not in stages and image.lower() != "scratch":
+                uses.append((index, "FROM", image))
+            if stage := _STAGE_RE.search(from_match[3]):
+                stages.add(stage[1].lower())
+        elif copy := _COPY_FROM_RE.match(line):
+            source = _expand(copy[2], args)
+            if source.lower() not in stages and not source.isdigit():
+                uses.append((index, "COPY --from", source))
+    return uses
+
+
+def _rewrite(dockerfile: str, uses: Sequence[_Use], ca_bundle: bool) -> str:
+    lines = dockerfile.split("\n")
+    by_line = {use.line: use for use in uses}
+    out: list[str] = []
+    for index, line in enumerate(lines):
+        use = by_line.get(index)
+        if use is not None:
+            if from_match := _FROM_RE.match(line):
+                line = f"{from_match[1]}{use.image}{from_match[3]}"
+            elif copy := _COPY_FROM_RE.match(line):
+                line = f"{copy[1]}{use.image}{line[copy.end() :]}"
+        out.append(line)
+        if ca_bundle and _FROM_RE.match(line):
+            out.append(f"COPY {_CA_CONTEXT_NAME} {CA_BUNDLE_PATH}")
+            variables = ("SSL_CERT_FILE", "PIP_CERT", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
+            out.append("ENV " + " ".join(f"{var}={CA_BUNDLE_PATH}" for var in variables))
+    return "\n".join(out)
+
+
+def context_tar(
+    task: HarborTask, dockerfile: str | Mapping[str, str], ca_bundle: Path | None = None
+) -> tuple[bytes, str]:
+    """The build context (``environment/`` with ``dockerfile`` as its Dockerfile, or the
+    task's own rewritten through an alias mapping) as tar bytes, and its hash over paths,
+    executable bits and contents (never mtimes)."""
+    if not isinstance(dockerfile, str):
+        assert task.dockerfile is not None
+        dockerfile = rewrite_from_lines(task.dockerfile.read_text(encoding="utf-8"), dockerfile)
     root = task.environment_dir
     digest = hashlib.sha256()
     buf = io.BytesIO()
+
+    def add_file(rel: str, data: bytes, info: tarfile.TarInfo) -> None:
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+        digest.update(f"F {rel} {info.mode & 0o111:o} {len(data)}\n".encode())
+        digest.update(data)
+
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for path in sorted(root.rglob("*")):
             rel = path.relative_to(root).as_posix()
@@ -49,46 +255,66 @@ def context_tar(task: HarborTask, aliases: Mapping[str, str]) -> tuple[bytes, st
             info.uname = info.gname = ""
             info.mtime = 0
             if path.is_file() and not path.is_symlink():
-                data = path.read_bytes()
-                if rel == "Dockerfile":
-                    data = rewrite_from_lines(data.decode("utf-8"), aliases).encode("utf-8")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-                digest.update(f"F {rel} {info.mode & 0o111:o} {len(data)}\n".encode())
-                digest.update(data)
+                data = dockerfile.encode("utf-8") if rel == "Dockerfile" else path.read_bytes()
+                add_file(rel, data, info)
             else:
                 tar.addfile(info)
                 digest.update(f"{info.type.decode()} {rel} {info.linkname}\n".encode())
+        if ca_bundle is not None:
+            add_file(_CA_CONTEXT_NAME, ca_bundle.read_bytes(), tarfile.TarInfo(_CA_CONTEXT_NAME))
     return buf.getvalue(), digest.hexdigest()[:16]
-
-
-def _slug(name: str) -> str:
-    return re.sub(r"[^a-z0-9._-]+", "-", name.lower()).strip("-._") or "task"
 
 
 class TaskImages:
     """Builds and remembers task images; one build at a time per task (a lock per tag)."""
 
-    def __init__(self, aliases: Mapping[str, str]) -> None:
-        self.aliases = dict(aliases)
+    def __init__(
+        self,
+        aliases: Mapping[str, str] | Sequence[tuple[str, str]] = (),
+        build: BuildSettings | None = None,
+    ) -> None:
+        self.resolver = ImageResolver(aliases)
+        self.build = build or BuildSettings()
         self._locks: dict[str, asyncio.Lock] = {}
         self._ready: dict[str, str] = {}
+        self._warned: set[tuple[str, str]] = set()
         self.builds = 0
+
+    @property
+    def aliases(self) -> dict[str, str]:
+        return dict(self.resolver.aliases)
 
     async def ensure(self, engine: DockerEngine, task: HarborTask) -> str:
         """The local image to run ``task`` in: its prebuilt image, or its built Dockerfile."""
         prebuilt = task.config.environment.docker_image
         if prebuilt is not None:
-            ref = self.aliases.get(prebuilt, prebuilt)
-            if await engine.inspect_image(ref) is not None:
+            ref = await self.resolver.resolve(engine, prebuilt)
+            if ref is not None:
+                self._warn(task, prebuilt, ref)
                 return ref
             if task.dockerfile is None:
                 raise ImageError(
                     f"task {task.name!r} needs image {prebuilt!r}, which is not present locally "
-                    "(no registry is reachable: build or load it, or map it in base_image_aliases)"
+                    f"({self.resolver.how_to_map(prebuilt)})"
                 )
-        context, content_hash = await asyncio.to_thread(context_tar, task, self.aliases)
-        tag = f"llenvs-harbor/{_slug(task.short_name)}:{content_hash}"
+        assert task.dockerfile is not None
+        dockerfile = await asyncio.to_thread(task.dockerfile.read_text, encoding="utf-8")
+        uses = []
+        for index, kind, written in _image_uses(dockerfile):
+            image = await self.resolver.resolve(engine, written)
+            if image is None:
+                where = f"{kind} on line {index + 1} of {task.dockerfile}"
+                raise ImageError(
+                    f"task {task.name!r}: image {written!r} ({where}) is not present locally; "
+                    f"{self.resolver.how_to_map(written)}"
+                )
+            self._warn(task, written, image)
+            uses.append(_Use(written=written, line=index, image=image))
+        text = _rewrite(dockerfile, uses, self.build.ca_bundle is not None)
+        context, content_hash = await asyncio.to_thread(
+            context_tar, task, text, self.build.ca_bundle
+        )
+        tag = f"llenvs-harbor/{tag_slug(task.short_name)}:{content_hash}"
         if tag in self._ready:
             return tag
         lock = self._locks.setdefault(tag, asyncio.Lock())
@@ -99,20 +325,28 @@ class TaskImages:
                 self._ready[tag] = tag
         return tag
 
+    def _warn(self, task: HarborTask, written: str, image: str) -> None:
+        """Say which local image stands in for a name: a warning when it is another image."""
+        if image == written or (task.name, written) in self._warned:
+            return
+        self._warned.add((task.name, written))
+        other = normalise_image_ref(image) != normalise_image_ref(written)
+        level = logging.WARNING if other else logging.INFO
+        _log.log(level, "task %s: using local image %s for %s", task.name, image, written)
+
     async def _build(
         self, engine: DockerEngine, task: HarborTask, context: bytes, tag: str
     ) -> None:
         timeout = task.config.environment.build_timeout_sec
-        params = {
-            "t": tag,
-            "rm": "1",
-            "forcerm": "1",
-            "labels": json.dumps({TASK_IMAGE_LABEL: task.name}),
-        }
         try:
             async with asyncio.timeout(timeout):
-                await engine.post_stream(
-                    "build", params=params, body=_chunks(context), action=f"building {tag}"
+                await build_image(
+                    engine,
+                    _chunks(context),
+                    tag=tag,
+                    labels={TASK_IMAGE_LABEL: task.name},
+                    network=self.build.network,
+                    what=f"building the image of task {task.name!r} ({task.dockerfile})",
                 )
         except TimeoutError as exc:
             raise ImageError(
@@ -120,7 +354,12 @@ class TaskImages:
                 f"build_timeout_sec={timeout:g}s"
             ) from exc
         except ImageError as exc:
-            raise ImageError(f"task {task.name!r} ({task.dockerfile}): {exc}") from exc
+            if not self.build.network and _NETWORK_HINTS.search(str(exc)):
+                raise ImageError(
+                    f"{exc}\nthe build has no network: pass --build-network "
+                    "(HarborAdapter(build_network=True)) to build with the host's network"
+                ) from exc
+            raise
         self.builds += 1
 
 

@@ -24,8 +24,7 @@ from urllib.parse import urlparse
 import httpx
 
 from ...errors import TaskLoadError
-from .dataset import HarborDataset
-from .task import load_task
+from .dataset import HarborDataset, load_tasks
 
 __all__ = [
     "DEFAULT_REGISTRY_URL",
@@ -180,14 +179,14 @@ class TaskCache:
         name, version = split_dataset_spec(spec)
         entry = await self._registry_entry(name, version)
         dirs = [await self._task_dir(task) for task in entry.tasks]
-        tasks = await asyncio.to_thread(
-            lambda: tuple(
-                load_task(path, fallback_name=task.name)
-                for task, path in zip(entry.tasks, dirs, strict=True)
-            )
-        )
+        pairs = [(path, task.name) for task, path in zip(entry.tasks, dirs, strict=True)]
+        tasks, unloadable = await asyncio.to_thread(load_tasks, pairs)
         return HarborDataset(
-            name=entry.name, version=entry.version, source=self.registry, tasks=tasks
+            name=entry.name,
+            version=entry.version,
+            source=self.registry,
+            tasks=tasks,
+            unloadable=unloadable,
         )
 
     async def _registry_entry(self, name: str, version: str | None) -> RegistryDataset:

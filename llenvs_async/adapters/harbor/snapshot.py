@@ -1,48 +1,28 @@
-"""Snapshot-fork restore: replay a state once, commit the container, start the others from it.
+"""Snapshot-fork restore for Harbor tasks: the docker layer's ``SnapshotFork`` keyed by the
+task image, the task name and the prefix of commands, replayed and re-anchored as
+``harbor_restore`` does (task identity checked, budget restored).
 
-Replay restore costs every instance a container start plus the whole prefix. For
-Monte Carlo estimates the B rollouts usually start from the same state, so
-``SnapshotRestore`` groups concurrent restores by (task image, task, prefix of
-commands): the first caller replays the prefix in its own instance (exactly as
-``harbor_restore``), commits that container to a snapshot image and continues
-live; the others wait, then start from the snapshot. Snapshots are cached for the
-life of the object and removed by ``aclose`` (``TrajectoryRunner.aclose`` calls it).
-
-A commit keeps the filesystem only. Restored in the forked shells: the working
-directory, the umask and the exported variables (set, changed or removed; not
-``HOSTNAME``, which is per container). NOT restored: unexported shell variables,
-functions, aliases, shell options, traps and the directory stack. Processes do not
-survive a commit either: when the replayed prefix leaves any running (background
-jobs, daemons), that state falls back to replay restore for every instance.
-
-Each restored state records how in ``state.info["restore"]``: ``{"method":
-"snapshot", "image": ref}`` for a forked instance, ``{"method": "replay",
-"snapshot": ref}`` for the instance that replayed and committed, and ``{"method":
-"replay", "fallback_reason": why}`` for a replay instead of a fork.
+See ``llenvs_async.docker.fork`` for what a fork keeps (filesystem, cwd, umask, exports)
+and when it falls back to a replay (processes left running, a failed commit).
 """
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
-import json
-import re
-import shlex
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from typing import Any
 
-from ..._resource import AsyncResource
-from ...docker._shield import shielded
 from ...docker.engine import DockerEngine
-from ...docker.ownership import new_session_id
-from ...docker.shell import ShellSession
-from ...docker.snapshots import register_snapshot_backstop, remove_image, snapshot_labels
+from ...docker.fork import (
+    ShellState,
+    SnapshotFork,
+    SnapshotKey,
+    SnapshotStats,
+    apply_shell_state,
+    capture_shell_state,
+    prefix_digest,
+)
 from ...env import Environment
-from ...errors import ClosedError, ContainerError, EnvError, LlenvsError, RestoreError
 from ...types import State
-from .environment import HarborEnvironment, parse_command
-from .image import _slug
+from .environment import HarborEnvironment
 from .restore import check_restorable, reanchor, replay_prefix
 
 __all__ = [
@@ -54,301 +34,36 @@ __all__ = [
     "snapshot_restore",
 ]
 
-SNAPSHOT_REPO = "llenvs-snapshot"
-_PROBE_TIMEOUT = 30.0
-_SEPARATOR = "__llenvs_shell_state__"
-# Per-container or owned by our ShellSession: never carried from the replayed shell.
-_NOT_CARRIED = frozenset({"HOSTNAME", "PS1", "PS2"})
-_CAPTURE = (
-    f"pwd; echo {_SEPARATOR}; umask; echo {_SEPARATOR}; (unset {' '.join(sorted(_NOT_CARRIED))}; "
-    "export -p)"
-)
-_EXPORT_RE = re.compile(r"^(?:declare -\S+|export) ([A-Za-z_][A-Za-z0-9_]*)(?:=|$)", re.M)
-_UMASK_RE = re.compile(r"^[0-7]{1,4}$")
-# Lists the container's processes from a subshell, with builtins only (no process of its
-# own but the subshell): a header "SHELL_PID SUBSHELL_PID", then "PID PPID STATE COMM".
-_PROCESSES = r"""( read -r __llenvs_self __llenvs_rest </proc/self/stat
-echo "$$ $__llenvs_self"
-for __llenvs_d in /proc/[0-9]*; do
-  read -r __llenvs_l 2>/dev/null <"$__llenvs_d/stat" || continue
-  __llenvs_c=${__llenvs_l#*(}; __llenvs_c=${__llenvs_c%)*}
-  set -- ${__llenvs_l##*)}
-  echo "${__llenvs_d#/proc/} $2 $1 $__llenvs_c"
-done )"""
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ShellState:
-    """What a commit does not keep of the replayed shell and forks re-apply."""
-
-    cwd: str
-    umask: str
-    exports: str
-
-    @property
-    def exported(self) -> frozenset[str]:
-        return frozenset(_EXPORT_RE.findall(self.exports))
-
-
-@dataclass(frozen=True, slots=True)
-class SnapshotStats:
-    """Counters: prefixes replayed, snapshots committed, instances forked, replay fallbacks."""
-
-    replays: int = 0
-    snapshots: int = 0
-    forks: int = 0
-    fallbacks: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class _Key:
-    image: str
-    task: str
-    prefix: str
-
-    @property
-    def digest(self) -> str:
-        return hashlib.sha256(json.dumps([self.image, self.task, self.prefix]).encode()).hexdigest()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Snapshot:
-    image: str
-    template: State
-    shell: ShellState
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Fallback:
-    reason: str
-
-
-_Outcome = _Snapshot | _Fallback
-
-
-def _prefix_digest(state: State) -> str:
-    """SHA-256 of the commands ``state.actions`` run (what the container state depends on)."""
-    commands = [parse_command(action.text) for action in state.actions]
-    return hashlib.sha256(json.dumps(commands).encode()).hexdigest()
-
-
-def _leftover_processes(listing: str) -> list[str]:
-    """The processes of a ``_PROCESSES`` listing other than init, the container's command,
-    the shell and the probe, as ``"comm (pid N)"``."""
-    header, *lines = listing.splitlines()
-    ours = {1, *(int(pid) for pid in header.split())}
-    procs = [line.split(" ", 3) for line in lines]
-    # Containers run with Init: the first child of PID 1 is the container's own command.
-    ours.add(min((int(pid) for pid, ppid, _, _ in procs if ppid == "1"), default=1))
-    return [
-        f"{comm} (pid {pid})"
-        for pid, _, status, comm in procs
-        if int(pid) not in ours and status != "Z"
-    ]
-
-
-async def _remove_images(engine: DockerEngine, refs: Sequence[str]) -> list[str]:
-    """Remove images concurrently; ``"ref: error"`` for each that could not be removed
-    (by id, an image a running container uses is refused rather than left untagged)."""
-
-    async def remove(ref: str) -> str | None:
-        try:
-            await remove_image(engine, ref)
-        except ContainerError as exc:
-            return f"{ref}: {exc}"
-        return None
-
-    async with asyncio.TaskGroup() as tg:
-        tasks = [tg.create_task(remove(ref)) for ref in refs]
-    return [error for task in tasks if (error := task.result()) is not None]
-
-
-async def _run(shell: ShellSession, command: str, what: str) -> str:
-    result = await shell.run(command, timeout=_PROBE_TIMEOUT)
-    if not result.ok or result.truncated_bytes:
-        raise RestoreError(f"{what} failed (exit code {result.exit_code}): {result.output[:300]!r}")
-    return result.output
-
-
-async def capture_shell_state(shell: ShellSession) -> ShellState | str:
-    """The replayed shell's cwd, umask and exports, or why they cannot be carried over."""
-    parts = (await _run(shell, _CAPTURE, "capturing the shell state")).split(f"\n{_SEPARATOR}\n")
-    if len(parts) != 3 or not _UMASK_RE.match(parts[1]):
-        return f"the shell state could not be parsed: {parts[:2]!r}"
-    return ShellState(cwd=parts[0], umask=parts[1], exports=parts[2].rstrip("\n"))
-
-
-async def apply_shell_state(shell: ShellSession, saved: ShellState) -> None:
-    """Re-apply ``saved`` in a fresh shell: cwd, umask, and exactly the saved exports."""
-    fresh = await _run(
-        shell, f"cd -- {shlex.quote(saved.cwd)} && umask {saved.umask} && export -p", "cd/umask"
-    )
-    extra = sorted(frozenset(_EXPORT_RE.findall(fresh)) - saved.exported - _NOT_CARRIED)
-    unset = f"unset -v {' '.join(extra)}\n" if extra else ""
-    await _run(shell, unset + saved.exports, "re-applying the exported variables")
-
-
-class SnapshotRestore(AsyncResource):
+class SnapshotRestore(SnapshotFork[HarborEnvironment]):
     """A ``RestoreFn`` for ``HarborEnvironment``: replay each distinct state once, fork the rest.
 
     Give it to a runner used as ``async with TrajectoryRunner(..., restore_fn=SnapshotRestore())``
     so its snapshot images are removed at teardown. ``engine`` (owned by the caller) is
-    used to resolve task images and remove snapshots; by default one is opened.
-    ``timeout`` bounds a commit, and the removal of the snapshots.
+    used to resolve task images and remove snapshots; by default the adapter's engine, else
+    one is opened. ``timeout`` bounds a commit, and the removal of the snapshots.
     """
 
-    def __init__(self, *, engine: DockerEngine | None = None, timeout: float = 120.0) -> None:
-        self.session_id = new_session_id()
-        self.timeout = timeout
-        self._engine = engine
-        self._owns_engine = False
-        self._engine_lock = asyncio.Lock()
-        self._entries: dict[_Key, asyncio.Future[_Outcome]] = {}
-        self._images: dict[str, str] = {}  # ref -> image id once committed (removal target)
-        self._stats = SnapshotStats()
-        self._closed = False
+    def _check(self, env: Environment, state: State) -> HarborEnvironment:
+        return check_restorable(env, state, "SnapshotRestore")
 
-    @property
-    def stats(self) -> SnapshotStats:
-        return self._stats
-
-    @property
-    def images(self) -> tuple[str, ...]:
-        """The snapshot images held (removed by ``aclose``)."""
-        return tuple(self._images)
-
-    async def __call__(self, env: Environment, state: State) -> State:
-        """Restore ``env`` to ``state`` (checks and errors as ``harbor_restore``)."""
-        if self._closed:
-            raise ClosedError("SnapshotRestore")
-        harbor_env = check_restorable(env, state, "SnapshotRestore")
-        started = time.monotonic()
-        if not state.actions:
-            return await self._replay(harbor_env, state, started, "empty prefix: nothing to fork")
-        key = await self._key(harbor_env, state)
-        entry = self._entries.get(key)
-        if entry is None:
-            return await self._lead(harbor_env, state, key, started)
-        try:
-            outcome = await asyncio.shield(entry)
-        except RestoreError as exc:
-            return await self._replay(harbor_env, state, started, str(exc))
-        if isinstance(outcome, _Fallback):
-            return await self._replay(harbor_env, state, started, outcome.reason)
-        return await self._fork(harbor_env, state, outcome, started)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    async def aclose(self) -> None:
-        """Remove every snapshot image (idempotent; shielded from cancellation)."""
-        if self._closed:
-            return
-        self._closed = True
-        images, self._images = list(self._images.values()), {}
-        engine, self._engine = self._engine, None
-        if engine is None:
-            return
-        try:
-            failed = await shielded(_remove_images(engine, images), within=self.timeout)
-        finally:
-            if self._owns_engine:
-                await shielded(engine.aclose(), within=self.timeout)
-        if failed:
-            raise ContainerError(f"could not remove snapshot images: {'; '.join(failed)}")
-
-    async def _key(self, env: HarborEnvironment, state: State) -> _Key:
+    async def _key(self, env: HarborEnvironment, state: State) -> SnapshotKey:
         _, task = env.dataset.resolve(state.task)
         image = await env.runtime.images.ensure(await self._engine_for(env), task)
-        return _Key(image=image, task=task.name, prefix=_prefix_digest(state))
+        return SnapshotKey(image=image, task=task.name, prefix=prefix_digest(state))
 
-    async def _engine_for(self, env: HarborEnvironment) -> DockerEngine:
-        async with self._engine_lock:
-            if self._engine is None:
-                self._engine = env.runtime.engine
-            if self._engine is None:
-                self._engine = await DockerEngine(env.runtime.docker_url).connect()
-                self._owns_engine = True
-            return self._engine
+    async def _replay(self, env: HarborEnvironment, state: State) -> State:
+        return await replay_prefix(env, state)
 
-    async def _lead(self, env: HarborEnvironment, state: State, key: _Key, started: float) -> State:
-        """Replay in ``env``, then commit it (or decide on a fallback) for the waiting others."""
-        entry: asyncio.Future[_Outcome] = asyncio.get_running_loop().create_future()
-        self._entries[key] = entry
-        try:
-            self._count(replays=1)
-            current = await replay_prefix(env, state)
-            outcome = await self._snapshot(env, key, current)
-        except BaseException as exc:
-            del self._entries[key]
-            reason = f"the replay that would have been forked failed: {type(exc).__name__}: {exc}"
-            entry.set_exception(RestoreError(reason))
-            entry.exception()  # retrieved: a failure with nobody waiting is not an error
-            raise
-        entry.set_result(outcome)
-        if isinstance(outcome, _Fallback):
-            self._count(fallbacks=1)
-            record = {"method": "replay", "fallback_reason": outcome.reason}
-        else:
-            record = {"method": "replay", "snapshot": outcome.image}
-        return reanchor(env, state, started=started, info={"restore": record})
-
-    async def _snapshot(self, env: HarborEnvironment, key: _Key, current: State) -> _Outcome:
-        shell, container = env.shell, env.container
-        assert shell is not None and container is not None
-        try:
-            running = _leftover_processes(await _run(shell, _PROCESSES, "listing processes"))
-            saved = await capture_shell_state(shell)
-        except RestoreError as exc:
-            return _Fallback(reason=str(exc))
-        if running:
-            return _Fallback(
-                reason="the prefix left processes running, which a commit does not keep: "
-                + ", ".join(running)
-            )
-        if isinstance(saved, str):
-            return _Fallback(reason=saved)
-        repo = f"{SNAPSHOT_REPO}/{_slug(key.task.rpartition('/')[2])}"
-        tag = f"{key.digest[:16]}-{self.session_id}"
-        ref = f"{repo}:{tag}"
-        if self._closed:
-            return _Fallback(reason="the SnapshotRestore was closed during the replay")
-        self._images[ref] = ref  # before committing: aclose removes it whatever happens
-        register_snapshot_backstop(container.engine.url)
-        labels = snapshot_labels(self.session_id, key.image)
-        try:
-            commit = container.commit(repo, tag, labels=labels)
-            self._images[ref] = await shielded(commit, within=self.timeout)
-        except (LlenvsError, TimeoutError) as exc:
-            return _Fallback(reason=f"committing the replayed container failed: {exc}")
-        self._count(snapshots=1)
-        return _Snapshot(image=ref, template=current, shell=saved)
-
-    async def _fork(
-        self, env: HarborEnvironment, state: State, snap: _Snapshot, started: float
+    def _reanchor(
+        self, env: HarborEnvironment, state: State, started: float, info: dict[str, Any]
     ) -> State:
-        template = replace(snap.template, task=state.task, actions=state.actions, seed=state.seed)
-        await env.resume_from_image(snap.image, template)
-        if env.shell is None:
-            raise EnvError("the forked HarborEnvironment has no shell")
-        await apply_shell_state(env.shell, snap.shell)
-        self._count(forks=1)
-        record = {"method": "snapshot", "image": snap.image}
-        return reanchor(env, state, started=started, info={"restore": record})
+        return reanchor(env, state, started=started, info=info)
 
-    async def _replay(
-        self, env: HarborEnvironment, state: State, started: float, reason: str
-    ) -> State:
-        self._count(replays=1)
-        await replay_prefix(env, state)
-        self._count(fallbacks=1)
-        record = {"method": "replay", "fallback_reason": reason}
-        return reanchor(env, state, started=started, info={"restore": record})
-
-    def _count(self, **more: int) -> None:
-        now = self._stats
-        self._stats = replace(now, **{k: getattr(now, k) + v for k, v in more.items()})
+    async def _open_engine(self, env: HarborEnvironment) -> tuple[DockerEngine, bool]:
+        if env.runtime.engine is not None:
+            return env.runtime.engine, False
+        return await DockerEngine(env.runtime.docker_url).connect(), True
 
 
 def snapshot_restore(

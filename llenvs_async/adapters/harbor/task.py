@@ -3,13 +3,21 @@
 A task directory holds ``task.toml``, ``instruction.md``, ``environment/Dockerfile``
 (or a prebuilt ``[environment].docker_image``), ``tests/test.sh`` and optionally
 ``solution/solve.sh``. Anything malformed raises ``TaskLoadError`` naming the
-file, the field and the bad value.
+file, the field and the bad value; so does a format feature we do not run
+(multi-step ``[[steps]]``, a separate verifier environment, docker-compose
+sidecars): a clear refusal rather than a silently different episode.
 """
 
 from __future__ import annotations
 
+import base64
+import io
+import logging
 import math
+import os
 import re
+import shlex
+import tarfile
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,7 +26,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from ...errors import TaskLoadError
+from ...errors import EnvError, TaskLoadError
 
 __all__ = [
     "AgentConfig",
@@ -26,11 +34,13 @@ __all__ = [
     "EnvironmentConfig",
     "HarborTask",
     "NetworkMode",
+    "SolutionConfig",
     "TaskConfig",
     "TaskInfo",
     "VerifierConfig",
     "load_task",
     "parse_task_config",
+    "resolve_env",
     "short_name",
 ]
 
@@ -38,6 +48,13 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG])B?\s*$", re.IGNORECASE)
 _SIZE_FACTOR_MB = {"K": 1 / 1024, "M": 1.0, "G": 1024.0}
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
+_ENV_VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_WORKDIR_RE = re.compile(r"^\s*WORKDIR\s+(\S+)\s*$", re.IGNORECASE | re.MULTILINE)
+_MAX_SOLUTION_B64 = 4 << 20
+SOLUTION_DIR = "/solution"
+_IGNORED_KEYS = ("artifacts",)
+_log = logging.getLogger("llenvs_async.harbor")
+COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
 
 
 def _empty() -> Mapping[str, Any]:
@@ -84,11 +101,20 @@ class AgentConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VerifierConfig:
-    """The ``[verifier]`` table."""
+    """The ``[verifier]`` table; ``environment_mode`` is ``"shared"`` (the agent's container)
+    unless the task says ``"separate"`` (which ``load_task`` refuses)."""
 
     timeout_sec: float = 600.0
     env: Mapping[str, str] = field(default_factory=_empty)
     user: str | int | None = None
+    environment_mode: str = "shared"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SolutionConfig:
+    """The ``[solution]`` table: environment variables of the oracle's ``solve.sh``."""
+
+    env: Mapping[str, str] = field(default_factory=_empty)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,6 +147,27 @@ class TaskConfig:
     agent: AgentConfig = field(default_factory=AgentConfig)
     verifier: VerifierConfig = field(default_factory=VerifierConfig)
     environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
+    solution: SolutionConfig = field(default_factory=SolutionConfig)
+    steps: int = 0
+    """How many ``[[steps]]`` tables the file has (multi-step tasks; 0 for ordinary ones)."""
+    ignored: tuple[str, ...] = ()
+    """Harbor keys present that llenvs-async does not act on (``artifacts``); logged on load."""
+
+
+def resolve_env(env: Mapping[str, str], task_name: str) -> dict[str, str]:
+    """Expand ``${VAR}`` / ``${VAR:-default}`` in task env values from the host environment."""
+
+    def expand(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        value = os.environ.get(name, default)
+        if value is None:
+            raise EnvError(
+                f"task {task_name!r} needs host environment variable {name} "
+                "(set it, or give a default as ${VAR:-default} in task.toml)"
+            )
+        return value
+
+    return {key: _ENV_VAR_RE.sub(expand, value) for key, value in env.items()}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -143,20 +190,74 @@ class HarborTask:
     def environment_dir(self) -> Path:
         return self.path / "environment"
 
-    def solution_commands(self) -> tuple[str, ...]:
-        """The reference solution as agent actions: one command per non-blank,
-        non-comment line of ``solution/solve.sh`` (the examples' convention).
+    @property
+    def declared_workdir(self) -> str:
+        """``[environment].workdir``, else the Dockerfile's last absolute ``WORKDIR``, else ``/``
+        (what a policy can know before a container exists)."""
+        if self.config.environment.workdir:
+            return self.config.environment.workdir
+        if self.dockerfile is not None:
+            found = _WORKDIR_RE.findall(_read(self.dockerfile))
+            if found and found[-1].startswith("/"):
+                return str(found[-1])
+        return "/"
+
+    def oracle_command(self) -> str:
+        """Harbor's oracle as ONE shell action: unpack ``solution/`` to ``/solution`` and run
+        ``bash /solution/solve.sh`` once, with ``[solution].env``, from the working directory.
+
+        The files travel inside the command (a base64 tar), so the action is self-contained:
+        nothing is uploaded behind an agent's back, and a replay of it restores the same state.
         """
-        if self.solution_dir is None or not (self.solution_dir / "solve.sh").is_file():
+        solution_dir = self._solve_sh().parent
+        payload = base64.b64encode(_solution_tar(solution_dir)).decode("ascii")
+        if len(payload) > _MAX_SOLUTION_B64:
             raise TaskLoadError(
-                "task has no solution/solve.sh", path=str(self.path), field="solution"
+                f"is too large for the oracle ({len(payload)} base64 bytes, at most "
+                f"{_MAX_SOLUTION_B64})",
+                path=str(solution_dir),
+                field="solution",
             )
-        text = (self.solution_dir / "solve.sh").read_text(encoding="utf-8")
+        env = resolve_env(self.config.solution.env, self.name)
+        assign = "".join(f"{shlex.quote(f'{k}={v}')} " for k, v in sorted(env.items()))
+        return (
+            f"rm -rf {SOLUTION_DIR} && printf '%s' '{payload}' | base64 -d | tar -xzf - -C / "
+            f"&& env {assign}bash {SOLUTION_DIR}/solve.sh"
+        )
+
+    def solution_commands(self) -> tuple[str, ...]:
+        """``solution/solve.sh`` split into one command per non-blank, non-comment line: the
+        example tasks' convention, for multi-step trajectories (restore, Q-value demos). Real
+        scripts (heredocs, multi-line strings, ``set -e``, helper files) need ``oracle_command``.
+        """
+        text = _read(self._solve_sh())
         return tuple(
             line.strip()
             for line in text.splitlines()
             if line.strip() and not line.lstrip().startswith("#")
         )
+
+    def _solve_sh(self) -> Path:
+        if self.solution_dir is None or not (self.solution_dir / "solve.sh").is_file():
+            raise TaskLoadError(
+                "task has no solution/solve.sh", path=str(self.path), field="solution"
+            )
+        return self.solution_dir / "solve.sh"
+
+
+def _solution_tar(solution_dir: Path) -> bytes:
+    """``solution/`` as a gzipped tar rooted at ``solution/`` (root-owned, no mtimes)."""
+
+    def normalise(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = "root"
+        info.mtime = 0
+        return info
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=9) as tar:
+        tar.add(solution_dir, arcname=SOLUTION_DIR.lstrip("/"), filter=normalise)
+    return buf.getvalue()
 
 
 class _Table:
@@ -259,7 +360,17 @@ def parse_task_config(text: str, *, path: str = "task.toml") -> TaskConfig:
         agent=_agent(root.table("agent")),
         verifier=_verifier(root.table("verifier")),
         environment=_environment(root.table("environment")),
+        solution=SolutionConfig(env=root.table("solution").str_map("env")),
+        steps=_steps(root, path),
+        ignored=tuple(key for key in _IGNORED_KEYS if root.has(key)),
     )
+
+
+def _steps(root: _Table, path: str) -> int:
+    value = root.data.get("steps", [])
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise root.error("steps", value, "must be an array of tables ([[steps]])")
+    return len(value)
 
 
 def _task_info(root: _Table) -> TaskInfo:
@@ -288,10 +399,14 @@ def _agent(table: _Table) -> AgentConfig:
 
 
 def _verifier(table: _Table) -> VerifierConfig:
+    mode = table.string("environment_mode", "shared") or "shared"
+    if mode not in ("shared", "separate"):
+        raise table.error("environment_mode", mode, "must be 'shared' or 'separate'")
     return VerifierConfig(
         timeout_sec=table.number("timeout_sec", 600.0),
         env=table.str_map("env"),
         user=table.user("user"),
+        environment_mode=mode,
     )
 
 
@@ -357,6 +472,9 @@ def load_task(path: Path | str, *, fallback_name: str | None = None) -> HarborTa
     if not toml_path.is_file():
         raise TaskLoadError("is missing (every Harbor task has one)", path=str(toml_path))
     config = parse_task_config(_read(toml_path), path=str(toml_path))
+    _refuse_unsupported(root, config, str(toml_path))
+    for key in config.ignored:
+        _log.warning("%s: %r is not supported by llenvs-async and is ignored", toml_path, key)
     instruction_path = root / "instruction.md"
     if not instruction_path.is_file():
         raise TaskLoadError("is missing", path=str(instruction_path))
@@ -388,6 +506,33 @@ def load_task(path: Path | str, *, fallback_name: str | None = None) -> HarborTa
         tests_dir=tests_dir,
         solution_dir=solution_dir if solution_dir.is_dir() else None,
     )
+
+
+def _refuse_unsupported(root: Path, config: TaskConfig, toml_path: str) -> None:
+    """Raise ``TaskLoadError`` for format features whose episode we would run differently."""
+    if config.steps or (root / "steps").is_dir():
+        raise TaskLoadError(
+            f"is a multi-step task ({config.steps} [[steps]], steps/*/instruction.md), which "
+            "llenvs-async does not run yet (each step has its own instruction, tests and reward)",
+            path=toml_path,
+            field="steps",
+        )
+    if config.verifier.environment_mode == "separate":
+        raise TaskLoadError(
+            "asks for a separate verifier environment (tests/Dockerfile), which llenvs-async "
+            "does not build yet; running the verifier in the agent's container instead could "
+            "score differently, so the task is refused",
+            path=toml_path,
+            field="verifier.environment_mode",
+            value="separate",
+        )
+    for name in COMPOSE_FILES:
+        if (root / "environment" / name).is_file():
+            raise TaskLoadError(
+                "describes a docker-compose environment (sidecar services), which llenvs-async "
+                "does not run; only environment/Dockerfile or [environment].docker_image",
+                path=str(root / "environment" / name),
+            )
 
 
 def _read(path: Path) -> str:

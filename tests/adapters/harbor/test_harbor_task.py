@@ -208,11 +208,27 @@ def test_dataset_refuses_duplicates_and_empty_directories(tmp_path: Path) -> Non
     assert len(HarborDataset(name="x", version=None, source="x", tasks=(task,))) == 1
 
 
-def test_broken_task_in_a_dataset_is_not_skipped(tmp_path: Path) -> None:
+def test_broken_task_in_a_dataset_is_kept_apart_not_skipped(tmp_path: Path) -> None:
     shutil.copytree(EXAMPLES / "csv-totals", tmp_path / "a")
     shutil.copytree(EXAMPLES / "log-errors", tmp_path / "b")
     (tmp_path / "b" / "task.toml").write_text("[agent]\ntimeout_sec = 'x'\n")
     (tmp_path / "notes").mkdir()  # no task.toml: not a task, ignored
+    dataset = load_local_dataset(tmp_path)
+    assert [t.short_name for t in dataset.tasks] == ["csv-totals"]  # the sibling still loads
+    assert list(dataset.unloadable) == ["b"]
+    assert dataset.resolve("csv-totals")[0] == 0
     with pytest.raises(TaskLoadError) as info:
-        load_local_dataset(tmp_path)
+        dataset.resolve("b")  # asking for the broken one raises its own error
     assert info.value.field == "agent.timeout_sec"
+
+
+def test_artifacts_are_parsed_and_logged_as_ignored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    shutil.copytree(EXAMPLES / "csv-totals", tmp_path / "a")
+    toml = tmp_path / "a" / "task.toml"
+    toml.write_text('artifacts = ["/app/out"]\n' + toml.read_text())
+    with caplog.at_level("WARNING", logger="llenvs_async.harbor"):
+        task = load_task(tmp_path / "a")
+    assert task.config.ignored == ("artifacts",)
+    assert any("'artifacts' is not supported" in r.getMessage() for r in caplog.records)

@@ -1,0 +1,2 @@
+#!/bin/bash
+uv --version > /app/uv.txt

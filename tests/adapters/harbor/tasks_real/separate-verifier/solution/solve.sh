@@ -1,0 +1,2 @@
+#!/bin/bash
+echo ok > /app/out.txt

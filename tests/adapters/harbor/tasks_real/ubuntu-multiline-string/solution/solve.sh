@@ -1,0 +1,5 @@
+#!/bin/bash
+set -euo pipefail
+echo "welcome
+to the
+machine" > /root/motd.txt

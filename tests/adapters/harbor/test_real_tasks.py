@@ -1,0 +1,151 @@
+"""Third-party task shapes (``tasks_real/``) run by ``llenvs-async run`` with Harbor's oracle:
+every solvable task scores 1.0, every unsupported one records its own clear error.
+
+The shapes: digest-pinned and registry-qualified ``FROM``, python/ubuntu bases (local
+stand-ins), ``ARG``-expanded ``FROM``, ``COPY --from`` a stage and an external image,
+apt/pip installs at build time (no build network: a clear error), heredoc and multi-line
+``solve.sh`` with files under ``solution/``, ``set -euo pipefail``, ``[solution].env``, a
+multi-step task, a separate verifier, compose sidecars, a verifier that needs the internet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llenvs_async.adapters.harbor import load_local_dataset
+from llenvs_async.cli import main
+from llenvs_async.docker.engine import DockerEngine
+from llenvs_async.docker.images import ensure_standin_images
+
+from .conftest import harbor_containers
+
+TASKS = Path(__file__).resolve().parent / "tasks_real"
+SOLVABLE = {
+    "arg-from-solution-files",
+    "digest-pinned-heredoc",
+    "hub-python-heredoc",
+    "multistage-copy-from",
+    "set-e-functions-env",
+    "ubuntu-multiline-string",
+}
+# task -> (error type, words its message must hold)
+REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
+    "apt-install-build": ("ImageError", ("apt-get install", "build log", "--build-network")),
+    "pip-install-build": ("ImageError", ("pip install", "build log", "--build-network")),
+    "copy-from-external-image": (
+        "ImageError",
+        ("ghcr.io/astral-sh/uv:0.5.11", "COPY --from on line 2", "--base-image"),
+    ),
+    "multi-step": ("TaskLoadError", ("multi-step", "[[steps]]")),
+    "separate-verifier": ("TaskLoadError", ("verifier.environment_mode", "separate")),
+    "compose-sidecar": ("TaskLoadError", ("docker-compose.yaml", "sidecar")),
+    "verifier-needs-network": (
+        "VerifierError",
+        ("needs the internet", "the run grants none", "--allow-network"),
+    ),
+}
+
+
+def _fresh_copy(tmp_path: Path) -> Path:
+    """The task set with the apt/pip build steps made unique to this run: a layer cached by
+    an earlier build with a network would otherwise let the offline build succeed."""
+    copy = tmp_path / "tasks_real"
+    shutil.copytree(TASKS, copy)
+    for name in ("apt-install-build", "pip-install-build"):
+        dockerfile = copy / name / "environment" / "Dockerfile"
+        text = dockerfile.read_text().replace("RUN ", f"RUN : {uuid.uuid4().hex} && ", 1)
+        dockerfile.write_text(text)
+    return copy
+
+
+def _records(path: Path) -> dict[str, dict[str, Any]]:
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    return {str(r["key"]["task"]).rsplit("/", 1)[-1]: r["trajectory"] for r in records}
+
+
+def test_the_task_set_covers_every_shape() -> None:
+    dataset = load_local_dataset(TASKS)
+    loaded = {t.short_name for t in dataset.tasks}
+    assert len(loaded) + len(dataset.unloadable) >= 10
+    unloadable = {name.rsplit("/", 1)[-1] for name in dataset.unloadable}
+    assert unloadable == {"multi-step", "separate-verifier", "compose-sidecar"}
+    assert loaded == (SOLVABLE | set(REFUSED)) - unloadable
+    hub = dataset.resolve("hub-python-heredoc")[1]
+    assert hub.declared_workdir == "/workspace"
+    command = dataset.resolve("set-e-functions-env")[1].oracle_command()
+    assert "GREETING=hello" in command and command.endswith("bash /solution/solve.sh")
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+async def test_oracle_run_scores_solvable_tasks_and_names_each_refusal(
+    tmp_path: Path,
+    docker_engine: DockerEngine,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    await ensure_standin_images(docker_engine)  # python:3* stand-in (apt, once per engine)
+    out = tmp_path / "real.jsonl"
+    args = ["run", str(_fresh_copy(tmp_path)), "-o", str(out), "--quiet", "--n-concurrent", "4"]
+    code = await asyncio.to_thread(main, args)  # the CLI runs its own event loop
+    assert code == 0, capsys.readouterr().err
+    trajectories = _records(out)
+    assert set(trajectories) == SOLVABLE | set(REFUSED)
+    for name in SOLVABLE:
+        traj = trajectories[name]
+        assert traj["error"] is None, (name, traj["error"])
+        rewards = [t["reward"] for t in traj["transitions"]]
+        assert rewards[-1] == 1.0, (name, rewards)
+        assert len(rewards) == 2  # solve.sh as ONE action, then SUBMIT
+    for name, (kind, words) in REFUSED.items():
+        error = trajectories[name]["error"]
+        assert error is not None, name
+        assert error["type"] == kind, (name, error)
+        for word in words:
+            assert word in error["message"], (name, word, error["message"])
+    assert await harbor_containers(docker_engine) == []
+    substituted = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert (
+        "task llenvs-real/ubuntu-multiline-string: using local image llenvs/base:bookworm "
+        "for ubuntu:24.04" in substituted
+    )
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+async def test_build_network_lets_apt_install_at_build_time(
+    tmp_path: Path, docker_engine: DockerEngine
+) -> None:
+    tasks = _fresh_copy(tmp_path)
+    out = tmp_path / "apt.jsonl"
+    args = ["run", str(tasks), "-t", "apt-install-build", "-o", str(out), "-q", "--build-network"]
+    assert await asyncio.to_thread(main, args) == 0
+    trajectory = _records(out)["apt-install-build"]
+    assert trajectory["error"] is None
+    assert [t["reward"] for t in trajectory["transitions"]] == [0.0, 1.0]
+    assert await harbor_containers(docker_engine) == []
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+async def test_allow_network_reaches_the_verifier_or_says_why_not(
+    tmp_path: Path, docker_engine: DockerEngine
+) -> None:
+    await ensure_standin_images(docker_engine)
+    out = tmp_path / "net.jsonl"
+    args = ["run", str(TASKS), "-t", "verifier-needs-network", "-o", str(out), "-q"]
+    await asyncio.to_thread(main, [*args, "--allow-network"])
+    trajectory = _records(out)["verifier-needs-network"]
+    if trajectory["error"] is None:  # an engine whose containers reach the internet
+        assert trajectory["transitions"][-1]["reward"] == 1.0
+    else:  # this machine's daemon runs --bridge=none: a network in name only
+        assert trajectory["error"]["type"] == "VerifierError"
+        assert "was given a network but could not resolve" in trajectory["error"]["message"]
+    assert await harbor_containers(docker_engine) == []
