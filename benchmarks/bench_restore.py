@@ -24,10 +24,12 @@ from llenvs_async import (
 )
 from llenvs_async.docker import (
     BUSYBOX_IMAGE,
+    ContainerSpec,
     DockerEngine,
     DockerEnvironment,
     ensure_busybox_image,
 )
+from llenvs_async.docker.pool import WarmPool
 
 from ._common import Result, Target, bench_main, fmt_spread, make_result, plot, spread, table
 from .baselines import (
@@ -44,7 +46,7 @@ __all__ = ["main", "run"]
 FULL: dict[str, Any] = {"instances": 16, "prefix_lengths": [0, 5, 20, 50], "repeats": 3}
 QUICK: dict[str, Any] = {"instances": 2, "prefix_lengths": [0, 2], "repeats": 1}
 RATIO_LIMIT = 1.5
-MODES = ("one", "concurrent", "sequential", "seed")
+MODES = ("one", "concurrent", "warm", "sequential", "seed")
 
 
 def command(i: int) -> str:
@@ -59,8 +61,8 @@ def submit(request: GenerationRequest) -> str:
 class TimedDockerEnv(DockerEnvironment):
     """DockerEnvironment on the busybox image that notes when its container became ready."""
 
-    def __init__(self, engine: DockerEngine) -> None:
-        super().__init__(image=BUSYBOX_IMAGE, engine=engine)
+    def __init__(self, engine: DockerEngine, pool: WarmPool | None = None) -> None:
+        super().__init__(image=BUSYBOX_IMAGE, engine=None if pool else engine, pool=pool)
         self.created_at = 0.0
 
     async def _reset(self, task: int | str | None, *, seed: int | None) -> State:
@@ -116,8 +118,11 @@ def _check(trajs: Sequence[Trajectory], size: int) -> None:
     assert len(trajs) == size and not failed, f"restore benchmark rollouts failed: {failed[:1]}"
 
 
-async def restore_with_runner(engine: DockerEngine, state: State, size: int) -> Timing:
-    """The framework: ``run_batch_from_states`` restores ``size`` fresh instances concurrently."""
+async def restore_with_runner(
+    engine: DockerEngine, state: State, size: int, pool: WarmPool | None = None
+) -> Timing:
+    """The framework: ``run_batch_from_states`` restores ``size`` fresh instances concurrently
+    (from a filled ``pool`` of started containers, if given: filling is not timed)."""
 
     async def restore(env: Environment, target: State) -> State:
         result = await replay_restore(env, target)
@@ -126,8 +131,10 @@ async def restore_with_runner(engine: DockerEngine, state: State, size: int) -> 
         return result
 
     async def factory() -> TimedDockerEnv:
-        return TimedDockerEnv(engine)
+        return TimedDockerEnv(engine, pool)
 
+    if pool is not None:
+        await pool.fill(ContainerSpec(image=BUSYBOX_IMAGE))
     async with TimedDockerEnv(engine) as primary:
         runner = TrajectoryRunner(
             environment=primary,
@@ -187,11 +194,13 @@ def measure(p: dict[str, Any]) -> tuple[dict[str, dict[int, list[Timing]]], int]
     times: dict[str, dict[int, list[Timing]]] = {mode: {} for mode in MODES}
     with LoopThread() as loop:
         engine = loop.call(_connected())
+        pool = WarmPool(engine, size)
         try:
             loop.call(ensure_busybox_image(engine))
             modes: dict[str, Callable[[State], Timing]] = {
                 "one": lambda s: loop.call(restore_with_runner(engine, s, 1)),
                 "concurrent": lambda s: loop.call(restore_with_runner(engine, s, size)),
+                "warm": lambda s: loop.call(restore_with_runner(engine, s, size, pool)),
                 "sequential": lambda s: loop.call(restore_sequentially(engine, s, size)),
                 "seed": lambda s: restore_like_the_seed(loop, engine, s, size),
             }
@@ -201,6 +210,7 @@ def measure(p: dict[str, Any]) -> tuple[dict[str, dict[int, list[Timing]]], int]
                     for mode, fn in modes.items():
                         times[mode].setdefault(length, []).append(fn(state))
         finally:
+            loop.call(pool.aclose())
             leftover = loop.call(engine.own_containers())
             for item in leftover:
                 loop.call(engine.remove_container(item["Id"]))
@@ -222,7 +232,9 @@ def run(quick: bool = False) -> Result:
     targets = []
     for length in lengths:
         one, conc = times["one"][length], times["concurrent"][length]
+        warm = times["warm"][length]
         seq, seed = times["sequential"][length], times["seed"][length]
+        warm_ratio = _median(warm, "total") / _median(one, "total")
         c = spread([t.total for t in conc])
         total_ratio = c["median"] / _median(one, "total")
         replay_ratio = _median(conc, "replay") / _median(one, "replay")
@@ -236,6 +248,8 @@ def run(quick: bool = False) -> Result:
                 _median(one, "replay"),
                 _median(conc, "replay"),
                 replay_ratio if length else "-",
+                _median(warm, "total"),
+                warm_ratio,
                 _median(conc, "cpu") / c["median"],
                 _median(seq, "total"),
                 _median(seq, "total") / c["median"],
@@ -249,6 +263,8 @@ def run(quick: bool = False) -> Result:
                        "median concurrent / median one, container creation included"),
                 Target(f"replay phase {b} vs one, L={length}", replay_ratio, RATIO_LIMIT, "<=",
                        "x", "slowest replay after its container was ready / one"),
+                Target(f"restore {b} from a warm pool of {b} vs one, L={length}", warm_ratio,
+                       RATIO_LIMIT, "<=", "x", "median warm / median one (one is cold)"),
             ]  # fmt: skip
     first = lengths[0]
     floor = _median(times["concurrent"][first], "total") / _median(times["one"][first], "total")
@@ -269,6 +285,8 @@ def run(quick: bool = False) -> Result:
                     "one: replay",
                     "concurrent: slowest replay",
                     "replay concurrent / one",
+                    f"warm pool of {b}: total",
+                    "warm / one",
                     "our CPU / wall",
                     "sequential",
                     "sequential / concurrent",
@@ -293,6 +311,9 @@ def run(quick: bool = False) -> Result:
             "persistent shell) then replaying L commands, timed until the last instance is "
             "restored. 'one' and 'concurrent' go through TrajectoryRunner.run_batch_from_states.",
             "L=0 is container creation alone: the Docker engine's floor on this machine.",
+            f"'warm': the same restore with a WarmPool of {b} started containers (shell open), "
+            "filled before the clock starts; each take starts a background refill, which runs "
+            "during the replays (its cost is in the number). 'one' is a cold restore.",
             "'our CPU / wall': CPU time of the benchmark process over the concurrent restore; "
             "the rest of the wall time is the Docker engine, the containers and other load.",
             "The seed side runs the same DockerEnvironment through a blocking facade on an "

@@ -32,7 +32,7 @@ from llenvs_async import (
 from llenvs_async.adapters.harbor import HarborAdapter, HarborDataset, harbor_restore
 from llenvs_async.cli.plot import EstimatePanel, matplotlib_available, plot_estimates
 from llenvs_async.docker.engine import DockerEngine
-from llenvs_async.policies import HARBOR_DESTRUCTIVE, harbor_oracle, history_prompt
+from llenvs_async.policies import HARBOR_DESTRUCTIVE, harbor_oracle
 from llenvs_async.serialization import from_dict, to_dict
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
@@ -84,15 +84,12 @@ async def run(out: Path, rollouts: int, epsilon: float, seed: int, batch_size: i
     def solution(task: int | str | None) -> Sequence[str]:
         return dataset.resolve(task)[1].solution_commands()
 
-    def instruction(state: State) -> str:
-        return dataset.resolve(state.task)[1].instruction
-
     policy = harbor_oracle(solution, epsilon=epsilon, seed=seed)
-    async with await env_factory() as env, ScriptedBackend(policy) as backend:
+    async with adapter, await env_factory() as env, ScriptedBackend(policy) as backend:
+        # A saved state carries its history: rollouts from it see what the agent saw.
         runner = TrajectoryRunner(
-            env, backend, env_factory=env_factory, restore_fn=harbor_restore, max_steps=20,
-            prompt_builder=history_prompt(instruction=instruction),
-        )  # fmt: skip
+            env, backend, env_factory=env_factory, restore_fn=harbor_restore, max_steps=20
+        )
         # 1. collect trajectories (two per task) with the epsilon-oracle
         collected = await runner.run_batch([t for t in TASKS for _ in range(2)], batch_size)
         print(f"collected {len(collected)} trajectories, "

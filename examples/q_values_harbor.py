@@ -20,11 +20,10 @@ from llenvs_async import (
     Environment,
     SamplingParams,
     ScriptedBackend,
-    State,
     TrajectoryRunner,
 )
 from llenvs_async.adapters.harbor import HarborAdapter, harbor_restore, validate_replay_consistency
-from llenvs_async.policies import harbor_oracle, history_prompt
+from llenvs_async.policies import harbor_oracle
 
 TASKS = Path(__file__).resolve().parent / "tasks"
 NUM_ROLLOUTS = 6
@@ -36,9 +35,6 @@ async def main() -> None:
 
     def solution(task: int | str | None) -> Sequence[str]:
         return dataset.resolve(task)[1].solution_commands()
-
-    def instruction(state: State) -> str:
-        return dataset.resolve(state.task)[1].instruction
 
     # Primary env for trajectory collection; the factory makes fresh, independent instances.
     env = await adapter.get_environment(TASKS, max_steps=30)
@@ -53,10 +49,9 @@ async def main() -> None:
         sampling_params=SamplingParams(temperature=0.0),
         env_factory=env_factory,
         restore_fn=harbor_restore,
-        # a rollout from a restored state also sees the task and the replayed commands
-        prompt_builder=history_prompt(instruction=instruction),
+        # a rollout from a restored state sees the conversation the saved state carries
     )
-    async with env, backend:
+    async with adapter, env, backend:
         (trajectory,) = await runner.run_batch(["json-config"])
         saved_state = trajectory.states[1]  # after the first command: a mid-trajectory state
         print(f"collected: {len(trajectory)} steps, reward {trajectory.total_reward}")

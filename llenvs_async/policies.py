@@ -14,8 +14,7 @@ import re
 import shlex
 from collections.abc import Callable, Sequence
 
-from .runner import PromptBuilder
-from .types import ChatMessage, GenerationRequest, State, Transition
+from .types import GenerationRequest
 
 __all__ = [
     "HARBOR_DESTRUCTIVE",
@@ -26,7 +25,6 @@ __all__ = [
     "counter_oracle",
     "harbor_mistakes",
     "harbor_oracle",
-    "history_prompt",
     "next_solution_command",
 ]
 
@@ -163,30 +161,3 @@ def harbor_oracle(
         epsilon=epsilon,
         seed=seed,
     )
-
-
-def history_prompt(
-    *, instruction: Callable[[State], str] | None = None, system_prompt: str | None = None
-) -> PromptBuilder:
-    """A ``TrajectoryRunner`` prompt builder that, for a rollout starting from a restored
-    mid-trajectory state, also shows the task (``instruction(state)``) and the commands
-    of the state's action prefix, not only the state's last observation.
-    """
-
-    def build(initial: State, transitions: Sequence[Transition]) -> list[ChatMessage]:
-        messages = [ChatMessage(role="system", content=system_prompt)] if system_prompt else []
-        if initial.actions:
-            first = instruction(initial) if instruction else "(the episode so far)"
-            messages.append(ChatMessage(role="user", content=first))
-            for i, action in enumerate(initial.actions, start=1):
-                messages.append(ChatMessage(role="assistant", content=action.text))
-                shown = initial.observation.text if i == len(initial.actions) else "(replayed)"
-                messages.append(ChatMessage(role="user", content=shown))
-        else:
-            messages.append(ChatMessage(role="user", content=initial.observation.text))
-        for t in transitions:
-            messages.append(ChatMessage(role="assistant", content=t.action.text))
-            messages.append(ChatMessage(role="user", content=t.next_state.observation.text))
-        return messages
-
-    return build

@@ -13,7 +13,6 @@ import anyio
 
 from ..backends.base import Backend
 from ..backends.scripted import ScriptedBackend
-from ..policies import history_prompt
 from ..runner import TrajectoryRunner
 from ..types import SamplingParams
 from ._common import CliError
@@ -98,13 +97,12 @@ async def open_runner(
         restore_fn = SnapshotRestore()
     backend = build_backend(options, source)
     scripted = options.kind is BackendKind.scripted
-    prompt = history_prompt(
-        instruction=source.instruction, system_prompt=None if scripted else source.system_prompt
-    )
+    # A restored state carries its history: the default conversation is what the policy saw.
     runner = TrajectoryRunner(
         source.environment, backend, options.sampling_params,
         env_factory=source.env_factory, restore_fn=restore_fn,
-        max_steps=source.spec.max_steps, prompt_builder=prompt,
+        max_steps=source.spec.max_steps,
+        system_prompt=None if scripted else source.system_prompt,
     )  # fmt: skip
     try:
         yield runner

@@ -10,7 +10,6 @@ from ..adapters.harbor import HarborAdapter, HarborDataset, HarborTask, harbor_r
 from ..docker.engine import DockerEngine
 from ..env import Environment
 from ..policies import OraclePolicy, harbor_mistakes, harbor_oracle
-from ..types import State
 from ._sources import Source, SourceSpec, TaskRef
 
 __all__ = [
@@ -84,15 +83,12 @@ async def open_harbor(spec: SourceSpec) -> Source:
         for name, exc in dataset.unloadable.items()
     ]
 
-    def instruction(state: State) -> str:
-        return dataset.resolve(state.task)[1].instruction
-
     async def preflight() -> None:
         async with DockerEngine() as engine:
             await engine.connect()
 
     return Source(
         spec=spec, environment=await factory(), env_factory=factory, restore_fn=harbor_restore,
-        tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT, instruction=instruction,
-        preflight=preflight,
+        tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT, preflight=preflight,
+        close=adapter.aclose,
     )  # fmt: skip

@@ -15,7 +15,6 @@ from typing import Any
 from ..env import EnvFactory, Environment, RestoreFn
 from ..envs import ArithmeticEnv, ChainEnv, CounterEnv
 from ..policies import OraclePolicy, arithmetic_oracle, chain_oracle, counter_oracle
-from ..types import State
 from ._common import CliError
 
 __all__ = [
@@ -156,10 +155,10 @@ class Source:
     tasks: list[TaskRef]
     oracle: Callable[[float, int], OraclePolicy]
     system_prompt: str | None = None
-    instruction: Callable[[State], str] | None = None
-    """The task's first observation, for prompts that start at a restored state."""
     preflight: Callable[[], Awaitable[None]] | None = None
     """Fails fast (e.g. no Docker engine) before any rollout or output file is started."""
+    close: Callable[[], Awaitable[None]] | None = None
+    """Closes what the source opened besides its environment (a Harbor adapter)."""
 
     async def check(self) -> None:
         if self.preflight is not None:
@@ -169,16 +168,11 @@ class Source:
 def _builtin(spec: SourceSpec) -> Source:
     steps = spec.max_steps
     factory: EnvFactory | None = None
-    instruction: Callable[[State], str] | None = None
     env: Environment
     if spec.env == "arithmetic":
         arith = ArithmeticEnv(num_tasks=20, max_steps=steps or 3)
         env, oracle = arith, arithmetic_oracle
         tasks = [TaskRef(key=i, task=i, description=arith.problem(i)[0]) for i in range(20)]
-
-        def instruction(state: State) -> str:
-            assert isinstance(state.task, int)
-            return f"Compute {arith.problem(state.task)[0]}. Answer with a single integer."
 
     elif spec.env == "chain":
         chain = ChainEnv(max_steps=steps or 10)
@@ -196,7 +190,7 @@ def _builtin(spec: SourceSpec) -> Source:
         tasks = [TaskRef(key=t, task=t, description=f"count to {t}") for t in _COUNTER_TARGETS]
     return Source(
         spec=spec, environment=env, env_factory=factory, restore_fn=None, tasks=tasks,
-        oracle=lambda eps, seed: oracle(epsilon=eps, seed=seed), instruction=instruction,
+        oracle=lambda eps, seed: oracle(epsilon=eps, seed=seed),
     )  # fmt: skip
 
 
@@ -212,7 +206,11 @@ async def open_source(spec: SourceSpec) -> AsyncIterator[Source]:
     try:
         yield source
     finally:
-        await source.environment.aclose()
+        try:
+            await source.environment.aclose()
+        finally:
+            if source.close is not None:
+                await source.close()
 
 
 def select_tasks(

@@ -75,17 +75,17 @@ async def _validate(
     from ..env import Environment
 
     assert spec.dataset is not None
-    adapter = HarborAdapter()
-    dataset = await adapter.get_dataset(spec.dataset)
-    refs = [TaskRef(key=t.name, task=i) for i, t in enumerate(dataset.tasks)]
-    index = refs.index(select_tasks(refs, [task], None)[0])
-    if not commands:
-        commands = dataset.tasks[index].solution_commands()
+    async with HarborAdapter() as adapter:
+        dataset = await adapter.get_dataset(spec.dataset)
+        refs = [TaskRef(key=t.name, task=i) for i, t in enumerate(dataset.tasks)]
+        index = refs.index(select_tasks(refs, [task], None)[0])
+        if not commands:
+            commands = dataset.tasks[index].solution_commands()
 
-    async def factory() -> Environment:
-        return await adapter.get_environment(spec.dataset or "", max_steps=spec.max_steps)
+        async def factory() -> Environment:
+            return await adapter.get_environment(spec.dataset or "", max_steps=spec.max_steps)
 
-    return await validate_replay_consistency(
-        env_factory=factory, task_index=index, trajectory=commands,
-        probe_commands=probes or None, num_trials=trials,
-    )  # fmt: skip
+        return await validate_replay_consistency(
+            env_factory=factory, task_index=index, trajectory=commands,
+            probe_commands=probes or None, num_trials=trials,
+        )  # fmt: skip

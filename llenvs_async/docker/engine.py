@@ -66,6 +66,16 @@ def raised_inside_client(exc: BaseException) -> bool:
     return any(part in filename for part in _CLIENT_PACKAGES)
 
 
+def _client(url: str | None) -> aiodocker.Docker:
+    """An aiodocker client; on a local socket without aiohttp's 100-connection cap, since
+    every open shell session holds one connection for its whole life."""
+    target = url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    if target.startswith("unix://"):
+        connector = aiohttp.UnixConnector(target[len("unix://") :], limit=0)
+        return aiodocker.Docker(url="unix://localhost", connector=connector)
+    return aiodocker.Docker(url=url)
+
+
 def split_image_ref(ref: str) -> tuple[str, str]:
     """``"repo/name:tag"`` -> ``("repo/name", "tag")``; the tag defaults to ``latest``."""
     repo, sep, tag = ref.rpartition(":")
@@ -113,7 +123,7 @@ class DockerEngine:
             if self._client is not None:
                 return self
             try:
-                client = aiodocker.Docker(url=self.url)
+                client = _client(self.url)
             except ValueError as exc:
                 raise DockerUnavailableError(f"no Docker engine configured: {exc}") from exc
             try:
@@ -222,6 +232,8 @@ class DockerEngine:
         client, self._client = self._client, None
         if client is not None:
             await client.close()
+            if not client.connector.closed:  # ours (see _client), not the client's
+                await client.connector.close()
 
     async def __aenter__(self) -> DockerEngine:
         return await self.connect()

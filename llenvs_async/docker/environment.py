@@ -17,6 +17,7 @@ from ._shield import shielded
 from .container import Container, ContainerSpec
 from .engine import DockerEngine
 from .output import CommandResult
+from .pool import WarmPool
 from .shell import ShellKind, ShellSession
 from .shell_task import ShellTaskEnvironment, extract_command, format_observation
 
@@ -26,7 +27,9 @@ __all__ = ["DockerEnvironment", "extract_command", "format_observation"]
 class DockerEnvironment(ShellTaskEnvironment):
     """A shell task: one container per instance (made on ``reset``, removed on ``aclose``);
     ``submit_keyword`` or ``max_steps`` ends it, and ``verify_command`` exit 0 -> reward 1.0
-    (its exit code and output tail in ``info["verify"]``).
+    (its exit code and output tail in ``info["verify"]``). With ``pool`` (a ``WarmPool``)
+    ``reset`` takes a started container with its shell open (the pool's engine and shell
+    settings apply) instead of creating one.
     """
 
     def __init__(
@@ -45,6 +48,7 @@ class DockerEnvironment(ShellTaskEnvironment):
         verify_on_truncation: bool = True,
         max_output_bytes: int = 16 * 1024,
         shell: ShellKind = "auto",
+        pool: WarmPool | None = None,
     ) -> None:
         super().__init__(
             max_steps=max_steps,
@@ -59,8 +63,11 @@ class DockerEnvironment(ShellTaskEnvironment):
         self.verify_timeout = verify_timeout
         self.max_output_bytes = max_output_bytes
         self.shell_kind: ShellKind = shell
-        self._engine = engine
-        self._owns_engine = engine is None
+        if pool is not None and engine is not None and engine is not pool.engine:
+            raise ValueError("DockerEnvironment: engine= and pool= must share one DockerEngine")
+        self.pool = pool
+        self._engine = pool.engine if pool is not None else engine
+        self._owns_engine = self._engine is None
         self._container: Container | None = None
         self._session: ShellSession | None = None
 
@@ -90,11 +97,17 @@ class DockerEnvironment(ShellTaskEnvironment):
     async def _reset(self, task: int | str | None, *, seed: int | None) -> State:
         await self._remove_container()
         engine = await self._engine_connected()
-        self._container = container = await Container.create(engine, self.spec)
+        if self.pool is not None:  # a started container with its shell open, if one is ready
+            warm = await self.pool.take(self.spec)
+            container, self._session = warm.container, warm.shell
+        else:
+            container = await Container.create(engine, self.spec)
+        self._container = container
         try:
-            self._session = await container.shell(
-                shell=self.shell_kind, max_output_bytes=self.max_output_bytes
-            )
+            if self._session is None:
+                self._session = await container.shell(
+                    shell=self.shell_kind, max_output_bytes=self.max_output_bytes
+                )
             for command in self.setup_commands:
                 result = await self._session.run(command, timeout=self.command_timeout)
                 if not result.ok:

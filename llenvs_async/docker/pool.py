@@ -15,6 +15,7 @@ from .._shield import shielded
 from ..errors import ClosedError
 from .container import Container, ContainerSpec
 from .engine import DockerEngine
+from .output import DEFAULT_MAX_OUTPUT_BYTES
 from .shell import ShellKind, ShellSession
 
 __all__ = ["POOL_LABEL", "WarmContainer", "WarmPool"]
@@ -58,6 +59,7 @@ class WarmPool(AsyncResource):
         size: int,
         *,
         shell: ShellKind = "auto",
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         create_timeout: float = 120.0,
         close_timeout: float = 60.0,
     ) -> None:
@@ -66,6 +68,7 @@ class WarmPool(AsyncResource):
         self.engine = engine
         self.size = size
         self._shell: ShellKind = shell
+        self._max_output_bytes = max_output_bytes
         self._create_timeout = create_timeout
         self._close_timeout = close_timeout
         self._buckets: dict[str, _Bucket] = {}
@@ -95,8 +98,8 @@ class WarmPool(AsyncResource):
             self._refill(bucket)
             return warm
         self.misses += 1
-        self._refill(bucket, leave=1)  # this take creates one itself
-        return await self._create(bucket.spec)
+        self._refill(bucket)
+        return await self._create(bucket.spec)  # this one is the taker's, not the pool's
 
     async def fill(self, spec: ContainerSpec) -> None:
         """Start ``size`` containers of ``spec`` and wait until they are ready."""
@@ -107,6 +110,11 @@ class WarmPool(AsyncResource):
         while bucket.filling:
             await asyncio.wait(set(bucket.filling))
 
+    async def settle(self) -> None:
+        """Wait until no container is being created (every refill started so far ended)."""
+        while filling := {t for b in self._buckets.values() for t in b.filling}:
+            await asyncio.wait(filling)
+
     def _bucket(self, spec: ContainerSpec) -> _Bucket:
         key = _key(spec)
         bucket = self._buckets.get(key)
@@ -115,8 +123,8 @@ class WarmPool(AsyncResource):
             bucket = self._buckets[key] = _Bucket(pooled)
         return bucket
 
-    def _refill(self, bucket: _Bucket, leave: int = 0) -> None:
-        missing = self.size - leave - len(bucket.ready) - len(bucket.filling)
+    def _refill(self, bucket: _Bucket) -> None:
+        missing = self.size - len(bucket.ready) - len(bucket.filling)
         for _ in range(max(missing, 0)):
             task = asyncio.get_running_loop().create_task(self._fill_one(bucket))
             bucket.filling.add(task)
@@ -136,7 +144,9 @@ class WarmPool(AsyncResource):
     async def _create(self, spec: ContainerSpec) -> WarmContainer:
         container = await Container.create(self.engine, spec, create_timeout=self._create_timeout)
         try:
-            shell = await container.shell(shell=self._shell)
+            shell = await container.shell(
+                shell=self._shell, max_output_bytes=self._max_output_bytes
+            )
         except BaseException:
             await container.aclose()
             raise

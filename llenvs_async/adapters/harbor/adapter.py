@@ -13,7 +13,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
+from ..._resource import AsyncResource
 from ...docker.engine import DockerEngine
+from ...docker.pool import WarmPool
 from .dataset import HarborDataset, load_local_dataset
 from .environment import HarborEnvironment, HarborRuntime
 from .image import BuildSettings, TaskImages
@@ -42,7 +44,7 @@ def _dataset_key(name_or_path: str | Path) -> tuple[str, bool]:
     return str(name_or_path), False
 
 
-class HarborAdapter:
+class HarborAdapter(AsyncResource):
     """Harbor datasets as environments.
 
     ``registry``: path or URL of a ``registry.json`` for ``name@version`` datasets
@@ -53,8 +55,11 @@ class HarborAdapter:
     to images present locally; unmapped names fall back to built-in stand-ins (see
     ``image.py``). ``build_network``: builds use the host's network (off by default,
     separate from ``allow_network``); ``build_ca_bundle``: a host CA file trusted inside
-    builds. ``engine``: share one ``DockerEngine`` (owned by the caller); by default each
-    environment opens its own.
+    builds. ``engine``: the ``DockerEngine`` every environment uses (owned by the caller);
+    by default the adapter opens one on first use (one client for all its instances).
+    ``warm_pool``: keep up to N started containers (shell open) per task image, so a
+    ``reset`` takes one instead of creating it. Close the adapter (``async with``) to
+    remove the pool's containers and close its engine.
     """
 
     def __init__(
@@ -68,7 +73,10 @@ class HarborAdapter:
         build_ca_bundle: str | Path | None = None,
         docker_url: str | None = None,
         engine: DockerEngine | None = None,
+        warm_pool: int = 0,
     ) -> None:
+        if isinstance(warm_pool, bool) or not isinstance(warm_pool, int) or warm_pool < 0:
+            raise ValueError(f"warm_pool must be an int >= 0, got {warm_pool!r}")
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
         self.registry = str(
             registry or os.environ.get("LLENVS_HARBOR_REGISTRY") or DEFAULT_REGISTRY_URL
@@ -81,9 +89,17 @@ class HarborAdapter:
             base_image_aliases or (),
             BuildSettings(network=build_network, ca_bundle=ca_bundle),
         )
+        self._owns_engine = engine is None
+        self.engine = engine if engine is not None else DockerEngine(docker_url)
+        self.pool = WarmPool(self.engine, warm_pool) if warm_pool else None
         self.runtime = HarborRuntime(
-            images=self.images, allow_network=allow_network, docker_url=docker_url, engine=engine
+            images=self.images,
+            allow_network=allow_network,
+            docker_url=docker_url,
+            engine=self.engine,
+            pool=self.pool,
         )
+        self._closed = False
         self._cache = TaskCache(self.cache_dir, self.registry)
         self._datasets: dict[str, HarborDataset] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -130,3 +146,20 @@ class HarborAdapter:
             verify_on_truncation=verify_on_truncation,
             budget_sec=budget_sec,
         )
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def aclose(self) -> None:
+        """Remove the warm pool's containers and close the adapter's engine (idempotent);
+        environments made by it close their own containers."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.pool is not None:
+                await self.pool.aclose()
+        finally:
+            if self._owns_engine:
+                await self.engine.aclose()

@@ -30,6 +30,7 @@ from typing import Any, Literal
 from ...docker.container import Container, ContainerSpec
 from ...docker.engine import DockerEngine
 from ...docker.output import CommandResult
+from ...docker.pool import WarmPool
 from ...docker.shell import ShellSession
 from ...docker.shell_task import ShellTaskEnvironment, extract_command, observation_text
 from ...env import new_episode_id
@@ -86,6 +87,7 @@ class HarborRuntime:
     allow_network: bool = False
     docker_url: str | None = None
     engine: DockerEngine | None = None
+    pool: WarmPool | None = None
 
 
 class HarborEnvironment(ShellTaskEnvironment):
@@ -325,9 +327,14 @@ class HarborEnvironment(ShellTaskEnvironment):
             cpus=env_cfg.cpus,
             labels={TASK_IMAGE_LABEL: harbor_task.name, DATASET_LABEL: self.dataset.spec},
         )
-        container = await Container.create(engine, spec)
-        self._container = container
-        self._shell = await container.shell()
+        if self.runtime.pool is not None:  # started, shell open: no create on this path
+            warm = await self.runtime.pool.take(spec)
+            container, self._shell = warm.container, warm.shell
+            self._container = container
+        else:
+            container = await Container.create(engine, spec)
+            self._container = container
+            self._shell = await container.shell()
         details = await container.inspect()
         self._workdir = env_cfg.workdir or (details.get("Config") or {}).get("WorkingDir") or "/"
         self._task, self._task_index = harbor_task, index
@@ -422,8 +429,8 @@ class HarborEnvironment(ShellTaskEnvironment):
         )
 
     async def _get_engine(self) -> DockerEngine:
-        if self.runtime.engine is not None:
-            return self.runtime.engine
+        if self.runtime.engine is not None:  # the adapter's: connected on first use
+            return await self.runtime.engine.connect()
         if self._engine is None:
             self._engine = await DockerEngine(self.runtime.docker_url).connect()
         return self._engine

@@ -103,9 +103,10 @@ async def harbor_containers(engine: DockerEngine) -> list[str]:
 
 
 @pytest.fixture
-def adapter(tmp_path: Path, docker_engine: DockerEngine) -> HarborAdapter:
+async def adapter(tmp_path: Path, docker_engine: DockerEngine) -> AsyncIterator[HarborAdapter]:
     """An adapter with a private cache dir (the engine fixture guarantees Docker is up)."""
-    return HarborAdapter(cache_dir=tmp_path / "harbor-cache")
+    async with HarborAdapter(cache_dir=tmp_path / "harbor-cache") as adapter:
+        yield adapter
 
 
 def solution_policy(task: HarborTask) -> Callable[[GenerationRequest], str]:
