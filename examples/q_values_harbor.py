@@ -30,7 +30,11 @@ NUM_ROLLOUTS = 6
 
 
 async def main() -> None:
-    adapter = HarborAdapter()
+    async with HarborAdapter() as adapter:  # closing it closes its Docker client
+        await collect_and_estimate(adapter)
+
+
+async def collect_and_estimate(adapter: HarborAdapter) -> None:
     dataset = await adapter.get_dataset(TASKS)
 
     def solution(task: int | str | None) -> Sequence[str]:
@@ -51,7 +55,7 @@ async def main() -> None:
         restore_fn=harbor_restore,
         # a rollout from a restored state sees the conversation the saved state carries
     )
-    async with adapter, env, backend:
+    async with env, backend:
         (trajectory,) = await runner.run_batch(["json-config"])
         saved_state = trajectory.states[1]  # after the first command: a mid-trajectory state
         print(f"collected: {len(trajectory)} steps, reward {trajectory.total_reward}")

@@ -62,7 +62,7 @@ class SnapshotRestore(SnapshotFork[HarborEnvironment]):
 
     async def _open_engine(self, env: HarborEnvironment) -> tuple[DockerEngine, bool]:
         if env.runtime.engine is not None:
-            return env.runtime.engine, False
+            return await env.runtime.engine.connect(), False  # the adapter's
         return await DockerEngine(env.runtime.docker_url).connect(), True
 
 
