@@ -277,6 +277,8 @@ class TaskImages:
         self.build = build or BuildSettings()
         self._locks: dict[str, asyncio.Lock] = {}
         self._ready: dict[str, str] = {}
+        self._by_task: dict[Path, str] = {}  # a task's image, once known: no re-tar per reset
+        self._task_locks: dict[Path, asyncio.Lock] = {}
         self._warned: set[tuple[str, str]] = set()
         self.builds = 0
 
@@ -285,7 +287,18 @@ class TaskImages:
         return dict(self.resolver.aliases)
 
     async def ensure(self, engine: DockerEngine, task: HarborTask) -> str:
-        """The local image to run ``task`` in: its prebuilt image, or its built Dockerfile."""
+        """The local image to run ``task`` in: its prebuilt image, or its built Dockerfile.
+        Worked out once per task (the build context is tarred and hashed once), then cached.
+        """
+        known = self._by_task.get(task.path)
+        if known is not None:
+            return known
+        async with self._task_locks.setdefault(task.path, asyncio.Lock()):
+            if task.path not in self._by_task:
+                self._by_task[task.path] = await self._ensure(engine, task)
+        return self._by_task[task.path]
+
+    async def _ensure(self, engine: DockerEngine, task: HarborTask) -> str:
         prebuilt = task.config.environment.docker_image
         if prebuilt is not None:
             ref = await self.resolver.resolve(engine, prebuilt)
