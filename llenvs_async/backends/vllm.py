@@ -18,6 +18,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any, Protocol
 
 from .._resource import AsyncResource
+from .._shield import shielded
 from ..errors import BackendError, ClosedError
 from ..types import Completion, GenerationError, GenerationRequest, SamplingParams
 from ._concurrency import gather_in_order
@@ -183,8 +184,7 @@ class VLLMBackend(AsyncResource):
     async def _abort(self, request_id: str) -> None:
         """Abort in the engine, shielded from cancellation and bounded by ``abort_timeout``."""
         try:
-            async with asyncio.timeout(self._abort_timeout):
-                await asyncio.shield(self._engine.abort(request_id))
+            await shielded(self._engine.abort(request_id), within=self._abort_timeout)
         except Exception as exc:  # the request is being abandoned anyway: log, do not mask
             _log.warning("could not abort vLLM request %s: %r", request_id, exc)
 

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from urllib.parse import urlsplit
 
-import anyio
-
+from .._shield import shielded
 from ..backends.base import Backend
 from ..backends.scripted import ScriptedBackend
 from ..runner import TrajectoryRunner
@@ -107,6 +106,7 @@ async def open_runner(
     try:
         yield runner
     finally:
-        with anyio.CancelScope(shield=True):
-            await runner.aclose()  # removes snapshot images
-            await backend.aclose()
+        try:
+            await shielded(runner.aclose(), within=None)  # removes snapshot images
+        finally:
+            await shielded(backend.aclose(), within=None)

@@ -10,6 +10,7 @@ from typing import Annotated
 import anyio
 import typer
 
+from .._shield import shielded
 from ..env import EnvFactory, Environment
 from ..errors import DockerUnavailableError
 from ..serialization import JsonlWriter
@@ -218,8 +219,7 @@ async def _fresh_reset(factory: EnvFactory, ref: TaskRef) -> State | Trajectory:
     try:
         return await _reset(instance, ref, seed=None)
     finally:
-        with anyio.CancelScope(shield=True):
-            await instance.aclose()
+        await shielded(instance.aclose(), within=None)
 
 
 async def _reset(env: Environment, ref: TaskRef, seed: int | None) -> State | Trajectory:
