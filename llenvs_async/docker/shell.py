@@ -62,7 +62,7 @@ _SYNTAX_ERROR = "syntax error"
 # bash -i without a terminal complains when a foreground child dies of a signal.
 _TTY_NOISE = re.compile(r"^bash: \[\d+: \d+ \(\d+\)\] tcsetattr: Inappropriate ioctl.*\n?", re.M)
 # bash -i announces each background job ("[1] 18") on the stderr the command has.
-_JOB_NOTICE = re.compile(rb"^\[\d+\] \d+\n", re.M)
+_JOB_NOTICE = re.compile(r"^\[\d+\] \d+\n", re.M)
 _ERREXIT = re.compile(r"\bset\s+(-[a-zA-Z]*e|-o\s+errexit)")
 _DATA, _TAGGED = 0, 1
 
@@ -109,10 +109,9 @@ class _Scanner:
             if close < 0 and len(buf) - t <= _TAG_LIMIT:
                 end = t
                 break
-            if close < 0:  # never ended: not one of ours
-                close, after = t + len(self._tag), t + len(self._tag)
-                events.append((_DATA, buf[pos:close]))
-                pos = after
+            if close < 0:  # no end this far on: not one of ours
+                events.append((_DATA, buf[pos : t + len(self._tag)]))
+                pos = t + len(self._tag)
                 continue
             if t > pos:
                 events.append((_DATA, buf[pos:t]))
@@ -301,11 +300,12 @@ class ShellSession(AsyncResource):
     async def _read(self, p: _Pending) -> None:
         assert self._stream is not None
         loop = asyncio.get_running_loop()
-        prompted_at: float | None = None  # when a continuation prompt was seen
+        # Since when a continuation prompt, or a syntax error's end mark, is awaited.
+        since: float | None = None
         while not p.complete:
-            if p.done:  # waiting for the end mark: bounded, the channel may be gone
-                prompted_at = prompted_at or loop.time()
-            deadline = None if prompted_at is None else prompted_at + _PS2_QUIET_S
+            if p.done and since is None:  # the end mark: bounded, that channel may be gone
+                since = loop.time()
+            deadline = None if since is None else since + _PS2_QUIET_S
             try:
                 async with asyncio.timeout_at(deadline) as quiet:
                     message = await self._stream.read_out()
@@ -330,13 +330,13 @@ class ShellSession(AsyncResource):
                 if kind == _DATA:
                     if p.ps2:
                         p.noise.feed(payload)
-                elif payload.startswith(b"e"):
-                    p.noise_end = max(p.noise_end, int(payload[1:] or 0))
+                elif payload[:1] == b"e" and payload[1:].isdigit():
+                    p.noise_end = max(p.noise_end, int(payload[1:]))
                 elif payload == self._prompt_seq:
                     if p.ps2_limit is None or p.ps2 + 1 < p.ps2_limit:
                         p.ps2 += 1
-                    elif prompted_at is None:
-                        prompted_at = loop.time()
+                    elif since is None:
+                        since = loop.time()
 
     def _on_sentinel(self, p: _Pending, payload: str) -> None:
         seq, _, rest = payload.partition(":")
@@ -397,7 +397,7 @@ class ShellSession(AsyncResource):
         if self.kind != "bash":
             return text
         if background:
-            text = _JOB_NOTICE.sub(b"", text.encode()).decode()
+            text = _JOB_NOTICE.sub("", text)
         return _TTY_NOISE.sub("", text)
 
     async def _parse_failure(self, body: str, output: str, noise: CappedOutput) -> tuple[str, bool]:

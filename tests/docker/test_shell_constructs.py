@@ -210,3 +210,13 @@ async def test_timeout_still_interrupts_after_traps_and_prompt_command(
     assert "__ll" not in interrupted.output, interrupted
     await check(shell, "set +x; trap - ERR", "+ set +x\n", 0)
     await check(shell, "echo hi", "hi\n", 0)
+
+
+@pytest.mark.parametrize("shell_of", ["bash", "busybox"], indirect=True)
+async def test_syntax_errors_are_reported_every_time(shell_of: ShellSession) -> None:
+    """The error travels on the shell's channel, the sentinel on the data channel: the
+    error must be waited for, not raced (racing lost it in 1 run of 3 here)."""
+    for _ in range(30):
+        result = await shell_of.run("echo )", timeout=20)
+        assert result.exit_code == 2 and result.output.count("syntax error") == 1, result
+    await check(shell_of, "echo hi", "hi\n", 0)
