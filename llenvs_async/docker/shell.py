@@ -187,7 +187,11 @@ class ShellSession(AsyncResource):
         self.max_output_bytes = max_output_bytes
         self.grace_s = grace_s
         self.start_timeout_s = 30.0
-        self._marker = f"__llps2_{token}_"  # PS2 is this, a sentinel number, then "__"
+        self._marker = f"__llps2_{token}_"  # PS2 prints this, a sentinel number, then "__"
+        # The number is expanded when the prompt is printed, so the text of the assignment
+        # (echoed by ``set -v``, traced by ``set -x``) never looks like a prompt.
+        self._ps2 = f"'{self._marker}${{__llenvs_p}}__'"
+        self._promptvars = ""  # bash: keep prompt expansion on
         self._tag = f"__llend_{token}_"
         self._data = _Scanner(self._tag.encode(), b"\n")
         self._noise = _Scanner(self._marker.encode(), b"__")
@@ -200,6 +204,7 @@ class ShellSession(AsyncResource):
         self._lock = asyncio.Lock()
         self._unsettled_since: float | None = None
         self._check_syntax_first = False
+        self._parser = "sh"
         self._closed = False
 
     @classmethod
@@ -238,7 +243,7 @@ class ShellSession(AsyncResource):
         self._noise = _Scanner(self._marker.encode(), b"__")
         seq = self._next_seq()
         init = (
-            f"PS1=''; PS2='{self._marker}{seq}__'; unset HISTFILE; __llenvs_fd=9; "
+            f"PS1=''; __llenvs_p={seq}; PS2={self._ps2}; unset HISTFILE; __llenvs_fd=9; "
             'if [ -n "$BASH_VERSION" ]; then set +H +o history; '
             f"exec {_BASH_FD}>&9 9>&-; __llenvs_fd={_BASH_FD}; fi; "
             f"\\command printf '{self._tag}{seq}:0:%d:%d:%s:%s\\n' $$ $__llenvs_fd "
@@ -259,25 +264,29 @@ class ShellSession(AsyncResource):
         pid, fd, kind, exe = [*pending.payload.split(":", 3), "", "", ""][:4]
         self.pid, self._fd = int(pid), int(fd)
         self.kind = kind or "sh"
+        self._promptvars = "\\shopt -s promptvars; " if self.kind == "bash" else ""
         self._flags = ""
         # bash and busybox ash keep reading after a syntax error; others (dash) drop the
         # rest of their input, our sentinel included: check those commands' syntax first.
         self._check_syntax_first = self.kind != "bash" and not exe.endswith("busybox")
+        # The parser by path, as the user's PATH or aliases may hide it.
+        name = "bash" if self.kind == "bash" else "sh"
+        self._parser = f"{exe} sh" if exe.endswith("busybox") else exe or name
 
     def _next_seq(self) -> int:
         self._seq += 1
         return self._seq
 
     def _sentinel_line(self, seq: int) -> bytes:
-        r"""Saves ``$?``, resets PS2 (numbered ``seq``), prints the tag, ``seq``, ``$?`` and
-        ``$-`` to the data channel and, after exit code 2 (a syntax error, reported on the
-        shell's own channel), an end mark there; then restores ``$?`` in an ``&&`` list, which
-        ``set -e`` and the ERR trap ignore. Command words are ``\``-escaped (aliases cannot
-        touch them), expansions quoted (``IFS`` cannot split them).
+        r"""Saves ``$?``, resets PS2 (its prompts numbered ``seq``), prints the tag, ``seq``,
+        ``$?`` and ``$-`` to the data channel and, after exit code 2 (a syntax error, reported
+        on the shell's own channel), an end mark there; then restores ``$?`` in an ``&&``
+        list, which ``set -e`` and the ERR trap ignore. Command words are ``\``-escaped
+        (aliases cannot touch them), expansions quoted (``IFS`` cannot split them).
         """
         fd, mark = self._fd, f"{self._marker}e{seq}__"
         return (
-            f"__llenvs_rc=$?; PS2='{self._marker}{seq}__'; "
+            f"__llenvs_rc=$?; __llenvs_p={seq}; PS2={self._ps2}; {self._promptvars}"
             f'\\command printf \'{self._tag}{seq}:%d:%s\\n\' "$__llenvs_rc" "$-" >&{fd}; '
             f'\\command printf "%.$((__llenvs_rc == 2 ? {len(mark)} : 0))s" {mark} >&2; '
             '__llenvs_rc() { \\return "$1"; }; __llenvs_rc "$__llenvs_rc" && \\:\n'
@@ -423,8 +432,14 @@ class ShellSession(AsyncResource):
         lead = "\n" if output and not output.endswith("\n") else ""
         return f"{lead}[the shell exited{status}{why}; a new shell was started]\n"
 
-    async def _execute(self, body: str, seconds: float | None, max_bytes: int) -> _Pending:
-        """Send one command, wrapped in a group and followed by the sentinel line; read it."""
+    async def _execute(
+        self, body: str, seconds: float | None, max_bytes: int, *, stderr: str = "&1"
+    ) -> _Pending:
+        """Send one command, wrapped in a group and followed by the sentinel line; read it.
+
+        ``stderr``: where the group's stderr goes (a probe sends the shell's ``set -x``
+        lines to ``/dev/null``).
+        """
         started = time.monotonic()
         seq = self._next_seq()
         p = self._pending(seq, max_bytes)
@@ -433,7 +448,7 @@ class ShellSession(AsyncResource):
         fd = self._fd
         try:
             await self._write(
-                f"{{\n{body}\n}} </dev/null >&{fd} 2>&1 {fd}>&-\n".encode()
+                f"{{\n{body}\n}} </dev/null >&{fd} 2>{stderr} {fd}>&-\n".encode()
                 + self._sentinel_line(seq)
             )
             async with asyncio.timeout(seconds):
@@ -454,9 +469,9 @@ class ShellSession(AsyncResource):
     async def _syntax_errors(self, body: str) -> str:
         """What the shell's parser (``-n``: parse only) says about ``body``; empty if valid."""
         delimiter = f"__llenvs_eof_{secrets.token_hex(6)}"
-        shell = "bash" if self.kind == "bash" else "sh"
-        probe = f"LC_ALL=C {shell} -n <<'{delimiter}' || true\n{body}\n{delimiter}"
-        return (await self._execute(probe, 10.0, _PROBE_LIMIT)).out.text().strip()
+        probe = f"LC_ALL=C {self._parser} -n 2>&1 <<'{delimiter}' || \\:\n{body}\n{delimiter}"
+        p = await self._execute(probe, 10.0, _PROBE_LIMIT, stderr="/dev/null")
+        return p.out.text().strip()
 
     async def _settle(self, p: _Pending, since: float) -> bool:
         """Interrupt the command in flight and resynchronise; True if the shell was replaced.

@@ -220,3 +220,29 @@ async def test_syntax_errors_are_reported_every_time(shell_of: ShellSession) -> 
         result = await shell_of.run("echo )", timeout=20)
         assert result.exit_code == 2 and result.output.count("syntax error") == 1, result
     await check(shell_of, "echo hi", "hi\n", 0)
+
+
+@pytest.mark.parametrize("shell_of", ["bash", "busybox"], indirect=True)
+async def test_traced_framing_is_never_taken_for_a_prompt(shell_of: ShellSession) -> None:
+    """Under ``set -xv`` the shell echoes and traces our lines on its channel, which may
+    arrive after the sentinel: none of that may count as a continuation prompt of a slow
+    command that follows (it would be interrupted after the prompt wait)."""
+    await check(shell_of, "set -xv", "", 0)
+    for _ in range(6):
+        await check(shell_of, "true", "+ true\n", 0)
+        await check(shell_of, "sleep 0.5", "+ sleep 0.5\n", 0)
+
+
+async def test_dash_syntax_check_survives_xtrace_aliases_and_path(
+    base_image: str, make_shell: ShellFactory
+) -> None:
+    """dash has every command parsed first by ``sh -n``: that probe must not read the
+    shell's ``set -x`` lines as errors, nor depend on PATH or aliases."""
+    shell = await make_shell(image=base_image, shell="sh")  # Debian's /bin/sh is dash
+    await check(shell, "set -x; alias sh=false; unset PATH", "+ alias sh=false\n+ unset PATH\n", 0)
+    await check(shell, "echo hi", "+ echo hi\nhi\n", 0)
+    invalid = await shell.run("echo )", timeout=20)
+    assert invalid.exit_code == 2 and "Syntax error" in invalid.output, invalid
+    assert "+ " not in invalid.output, invalid
+    assert (await shell.run('echo "open', timeout=20)).continuation_prompt
+    await check(shell, "echo hi", "+ echo hi\nhi\n", 0)
