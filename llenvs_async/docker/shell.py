@@ -51,9 +51,9 @@ _LAUNCH: dict[str, str] = {
     "bash": f"exec 9>&1 1>&2; {_BASH}",
     "sh": "exec 9>&1 1>&2; exec /bin/sh -i",
 }
-# bash then moves the channel off fd 9, which scripts use themselves (``flock 9``); dash
-# only knows fds 0-9.
-_BASH_FD = 57
+# Shells that can (bash, busybox ash; dash only knows fds 0-9) then move the channel off
+# fd 9, which scripts use themselves (``exec 9>lock; flock 9``).
+_HIGH_FD = 57
 _PROBE_LIMIT = 4096
 _NOISE_LIMIT = 16 * 1024  # what the shell printed for itself, kept to report syntax errors
 _TAG_LIMIT = 8192  # a tag without its end this far on is output, not ours
@@ -244,8 +244,9 @@ class ShellSession(AsyncResource):
         seq = self._next_seq()
         init = (
             f"PS1=''; __llenvs_p={seq}; PS2={self._ps2}; unset HISTFILE; __llenvs_fd=9; "
-            'if [ -n "$BASH_VERSION" ]; then set +H +o history; '
-            f"exec {_BASH_FD}>&9 9>&-; __llenvs_fd={_BASH_FD}; fi; "
+            '[ -n "$BASH_VERSION" ] && set +H +o history; '
+            f"if ( exec {_HIGH_FD}>&9 ) 2>/dev/null; then "
+            f"exec {_HIGH_FD}>&9 9>&-; __llenvs_fd={_HIGH_FD}; fi; "
             f"\\command printf '{self._tag}{seq}:0:%d:%d:%s:%s\\n' $$ $__llenvs_fd "
             '"${BASH_VERSION:+bash}" "$(readlink /proc/$$/exe 2>/dev/null)" >&$__llenvs_fd\n'
         )
