@@ -8,11 +8,12 @@ lines of the framing, job notices and traps firing outside the command land ther
 dropped. The group's redirections are undone after it, so ``exec >file`` lasts for that
 command and cannot swallow the sentinel; ``$?`` is restored without tripping ``set -e``.
 
-PS2 is a marker carrying the number of the sentinel that last set it (so a late prompt is
-never counted for the next command): a complete L-line command prints L+1 of them, L+2
-means the shell waits for more input. An unfinished block instead hits a syntax error at
-our ``}``; ``sh -n`` then tells incomplete from invalid (run first for shells that drop
-their input on errors: dash).
+PS2 is a marker carrying the number of the sentinel that last set it, expanded when the
+prompt is printed (a late prompt is never counted for the next command, and the echoed or
+traced text of the assignment never looks like a prompt): a complete L-line command prints
+L+1 of them, L+2 means the shell waits for more input. An unfinished block instead hits a
+syntax error at our ``}``; ``sh -n`` then tells incomplete from invalid (run first for
+shells that drop their input on errors: dash).
 """
 
 from __future__ import annotations
