@@ -280,7 +280,8 @@ class ShellSession(AsyncResource):
         return self._seq
 
     def _sentinel_line(self, seq: int) -> bytes:
-        r"""Saves ``$?``, resets PS2 (its prompts numbered ``seq``), prints the tag, ``seq``,
+        r"""Saves ``$?``, resets PS2 (its prompts numbered ``seq``) and job control (``set -m``
+        without a terminal only adds "[1]+ Done" lines to later output), prints the tag, ``seq``,
         ``$?`` and ``$-`` to the data channel and, after exit code 2 (a syntax error, reported
         on the shell's own channel), an end mark there; then restores ``$?`` in an ``&&``
         list, which ``set -e`` and the ERR trap ignore. Command words are ``\``-escaped
@@ -288,7 +289,7 @@ class ShellSession(AsyncResource):
         """
         fd, mark = self._fd, f"{self._marker}e{seq}__"
         return (
-            f"__llenvs_rc=$?; __llenvs_p={seq}; PS2={self._ps2}; {self._promptvars}"
+            f"__llenvs_rc=$?; __llenvs_p={seq}; PS2={self._ps2}; {self._promptvars}\\set +m; "
             f'\\command printf \'{self._tag}{seq}:%d:%s\\n\' "$__llenvs_rc" "$-" >&{fd}; '
             f'\\command printf "%.$((__llenvs_rc == 2 ? {len(mark)} : 0))s" {mark} >&2; '
             '__llenvs_rc() { \\return "$1"; }; __llenvs_rc "$__llenvs_rc" && \\:\n'

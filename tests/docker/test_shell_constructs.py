@@ -94,6 +94,14 @@ CONSTRUCTS = [
         "sleep 100 &",
         then=(("sleep 0.2 & sleep 0.5; echo waited", "waited\n", 0), ("echo hi", "hi\n", 0)),
     ),
+    # Job control without a terminal only adds "[1]+ Done" lines: the framework turns it
+    # off after each command (busybox refuses it anyway, saying so).
+    Construct(
+        "set -m",
+        "set -m",
+        then=(("sleep 0.2 & sleep 0.5; echo waited", "waited\n", 0), ("jobs", "", 0)),
+        busybox=False,
+    ),
     Construct(
         "stty",
         "stty -echo 2>/dev/null; echo rc=$?",
