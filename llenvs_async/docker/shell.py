@@ -65,12 +65,23 @@ _TTY_NOISE = re.compile(r"^bash: \[\d+: \d+ \(\d+\)\] tcsetattr: Inappropriate i
 # bash -i announces each background job ("[1] 18") on the stderr the command has.
 _JOB_NOTICE = re.compile(r"^\[\d+\] \d+\n", re.M)
 _ERREXIT = re.compile(r"\bset\s+(-[a-zA-Z]*e|-o\s+errexit)")
+# A shell's report of a syntax error (bash, dash and ash wordings), not an echoed line.
+_SYNTAX_LINE = re.compile(r"^[^\s:]+: (?:line )?(?:\d+: )?syntax error", re.I)
 _DATA, _TAGGED = 0, 1
 
 
 def _is_brace_error(line: str) -> bool:
     """A shell's syntax error about an unexpected ``}`` (bash and ash wordings)."""
     return _SYNTAX_ERROR in line.lower() and ("`}'" in line or '"}"' in line)
+
+
+def _one_line(body: str) -> bool:
+    """Whether ``body`` can run as ``{ body; }`` on one line, the shell then printing no
+    prompt at all: no comment or heredoc could take our ``; }``, and it does not end in an
+    operator (``&``, ``;``, ``|``, a backslash...) that our ``;`` would make an error."""
+    if any(sign in body for sign in ("\n", "#", "<<")):
+        return False
+    return body.rstrip()[-1:] not in ("", *";&|\\(<>!{")
 
 
 def _incomplete(parse_errors: str) -> bool:
@@ -145,6 +156,7 @@ class _Pending:
     out: CappedOutput
     noise: CappedOutput
     ps2_limit: int | None = None
+    one_line: bool = False
     ps2: int = 0
     rc: int | None = None
     payload: str = ""
@@ -340,7 +352,7 @@ class ShellSession(AsyncResource):
                 continue
             for kind, payload in self._noise.feed(message.data):
                 if kind == _DATA:
-                    if p.ps2:
+                    if p.ps2 or p.one_line:
                         p.noise.feed(payload)
                 elif payload[:1] == b"e" and payload[1:].isdigit():
                     p.noise_end = max(p.noise_end, int(payload[1:]))
@@ -390,7 +402,7 @@ class ShellSession(AsyncResource):
             p = await self._execute(body, timeout, self.max_output_bytes)
             output = self._clean(p.out, background="&" in body)
             if p.rc == 2 and not p.continuation and not p.exited:
-                output, p.continuation = await self._parse_failure(body, output, p.noise)
+                output, p.continuation = await self._parse_failure(body, output, p)
             if p.exited and not p.timed_out:
                 output += self._exit_note(p.rc, errexit or bool(_ERREXIT.search(body)), output)
             return CommandResult(
@@ -412,10 +424,17 @@ class ShellSession(AsyncResource):
             text = _JOB_NOTICE.sub("", text)
         return _TTY_NOISE.sub("", text)
 
-    async def _parse_failure(self, body: str, output: str, noise: CappedOutput) -> tuple[str, bool]:
-        """Exit code 2 with our ``}`` refused: the command's own syntax errors (printed on the
-        shell's channel) join its output, or, if it is merely unfinished, a continuation."""
-        lines = noise.text().split("\n")
+    async def _parse_failure(self, body: str, output: str, p: _Pending) -> tuple[str, bool]:
+        """Exit code 2 after a syntax error: the command's own errors (printed on the shell's
+        channel) join its output, or, if it is merely unfinished, a continuation."""
+        lines = p.noise.text().split("\n")
+        if p.one_line:  # the whole line was refused: no ``}`` error of ours
+            errors = [line for line in lines if _SYNTAX_LINE.match(line)]
+            if not errors:
+                return output, False
+            if _incomplete(await self._syntax_errors(body)):
+                return "", True
+            return output + "".join(f"{line}\n" for line in errors), False
         ours = [i for i, line in enumerate(lines) if _is_brace_error(line)]
         if not ours:
             return output, False
@@ -446,12 +465,17 @@ class ShellSession(AsyncResource):
         started = time.monotonic()
         seq = self._next_seq()
         p = self._pending(seq, max_bytes)
-        p.ps2_limit = body.count("\n") + 3
-        self._unsettled_since = started
         fd = self._fd
+        if _one_line(body):  # the common case: no prompt, nothing on the shell's channel
+            group = f"{{ {body}; }}"
+            p.ps2_limit, p.one_line = 1, True
+        else:  # an L-line body is read after L+1 prompts
+            group = f"{{\n{body}\n}}"
+            p.ps2_limit = body.count("\n") + 3
+        self._unsettled_since = started
         try:
             await self._write(
-                f"{{\n{body}\n}} </dev/null >&{fd} 2>{stderr} {fd}>&-\n".encode()
+                f"{group} </dev/null >&{fd} 2>{stderr} {fd}>&-\n".encode()
                 + self._sentinel_line(seq)
             )
             async with asyncio.timeout(seconds):

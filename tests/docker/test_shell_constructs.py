@@ -253,3 +253,27 @@ async def test_dash_syntax_check_survives_xtrace_aliases_and_path(
     assert "+ " not in invalid.output, invalid
     assert (await shell.run('echo "open', timeout=20)).continuation_prompt
     await check(shell, "echo hi", "+ echo hi\nhi\n", 0)
+
+
+@pytest.mark.parametrize("shell_of", ["bash", "busybox"], indirect=True)
+async def test_single_line_forms(shell_of: ShellSession) -> None:
+    """A one-line command runs as ``{ CMD; }`` (no prompt to read): endings our ``;``
+    would break take the multi-line path, unfinished lines are continuations."""
+    cases: list[Check] = [
+        ("echo hi   ", "hi\n", 0),
+        ("echo }; echo '{'", "}\n{\n", 0),
+        ("f() { echo in-f; }", "", 0),
+        ("f", "in-f\n", 0),
+        ("true && echo and", "and\n", 0),
+        ("echo semi;", "semi\n", 0),
+        ("sleep 0.1 & ", "", 0),
+        ("echo a \\\\", "a \\\n", 0),
+        ("case x in x) echo matched;; esac", "matched\n", 0),
+    ]
+    for command, output, exit_code in cases:
+        await check(shell_of, command, output, exit_code)
+    for unfinished in ("if true; then", "for i in 1 2; do", "echo $(", "true &&", "echo a |"):
+        result = await shell_of.run(unfinished, timeout=20)
+        assert result.continuation_prompt and not result.shell_restarted, (unfinished, result)
+        assert result.output == "", (unfinished, result)
+    await check(shell_of, "echo hi", "hi\n", 0)
