@@ -10,10 +10,11 @@ command and cannot swallow the sentinel; ``$?`` is restored without tripping ``s
 
 PS2 is a marker carrying the number of the sentinel that last set it, expanded when the
 prompt is printed (a late prompt is never counted for the next command, and the echoed or
-traced text of the assignment never looks like a prompt): a complete L-line command prints
-L+1 of them, L+2 means the shell waits for more input. An unfinished block instead hits a
-syntax error at our ``}``; ``sh -n`` then tells incomplete from invalid (run first for
-shells that drop their input on errors: dash).
+traced text of the assignment never looks like a prompt). A single line is sent as
+``{ CMD; }`` on one line: any prompt means the shell waits for more input. A longer
+command goes between ``{`` and ``}`` lines: L lines print L+1 prompts, L+2 means waiting.
+An unfinished block instead hits a syntax error (at our ``}`` or ``;``); ``sh -n`` then
+tells incomplete from invalid (run first for shells that drop their input on errors: dash).
 """
 
 from __future__ import annotations
