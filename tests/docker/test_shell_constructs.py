@@ -1,5 +1,6 @@
 """What agents type into the persistent shell: after each construct the framework's sentinel
-still comes back, observations stay clean and ``echo hi`` still says exactly ``hi``.
+still comes back, observations stay clean and ``echo hi`` still says exactly ``hi`` (after
+``set -x`` or a DEBUG trap, preceded by what those print for it, as in a terminal).
 
 Each row runs in a fresh shell, bash in the Debian image and, where the construct exists
 there, busybox ash. The construct's own observation and exit code are checked exactly, then
