@@ -1,12 +1,20 @@
 """`ShellSession`: one persistent interactive shell per container, driven over exec stdin.
 
-A command is sent as ``{ CMD } </dev/null 2>&1`` plus a line printing a sentinel with
-``$?`` (stderr joins stdout: one ordered stream). PS2 is a unique marker: a complete
-L-line command prints L+1 of them, so L+2 means the shell waits for more input. An
-unfinished block instead hits a syntax error at our ``}``; ``sh -n`` then tells
-incomplete from invalid (run first for shells that drop their input on errors: dash).
-A command can print the marker itself (``echo "$PS2"``): the extra marker counts as a
-prompt only when nothing follows it for ``_PS2_QUIET_S`` (a waiting shell prints nothing).
+Two channels keep the framework out of observations. A command runs as
+``{ CMD } </dev/null >&F 2>&1 F>&-``, fd F being the exec's stdout (the data channel),
+followed by a sentinel line printing its sequence number and ``$?`` to F. The shell's own
+fds 1 and 2 are the exec's stderr: prompts, ``PROMPT_COMMAND``, ``set -v``/``set -x``
+lines of the framing, job notices and traps firing outside the command land there and are
+dropped. The group's redirections are undone after it, so ``exec >file`` lasts for that
+command and cannot swallow the sentinel; ``$?`` is restored without tripping ``set -e``.
+
+PS2 is a marker carrying the number of the sentinel that last set it, expanded when the
+prompt is printed (a late prompt is never counted for the next command, and the echoed or
+traced text of the assignment never looks like a prompt). A single line is sent as
+``{ CMD; }`` on one line: any prompt means the shell waits for more input. A longer
+command goes between ``{`` and ``}`` lines: L lines print L+1 prompts, L+2 means waiting.
+An unfinished block instead hits a syntax error (at our ``}`` or ``;``); ``sh -n`` then
+tells incomplete from invalid (run first for shells that drop their input on errors: dash).
 """
 
 from __future__ import annotations
@@ -36,23 +44,45 @@ __all__ = ["ShellKind", "ShellSession"]
 
 ShellKind = Literal["auto", "bash", "sh"]
 
+# The launcher moves the exec's stdout to fd 9 (the data channel) and points the shell's
+# own stdout at stderr before the shell starts (busybox prints a banner and a prompt).
 _BASH = "exec bash --noprofile --norc --noediting -i"
 _LAUNCH: dict[str, str] = {
-    "auto": f"exec 2>&1; if command -v bash >/dev/null 2>&1; then {_BASH}; fi; exec /bin/sh -i",
-    "bash": f"exec 2>&1; {_BASH}",
-    "sh": "exec 2>&1; exec /bin/sh -i",
+    "auto": f"exec 9>&1 1>&2; if command -v bash >/dev/null 2>&1; then {_BASH}; fi; "
+    "exec /bin/sh -i",
+    "bash": f"exec 9>&1 1>&2; {_BASH}",
+    "sh": "exec 9>&1 1>&2; exec /bin/sh -i",
 }
+# Shells that can (bash, busybox ash; dash only knows fds 0-9) then move the channel off
+# fd 9, which scripts use themselves (``exec 9>lock; flock 9``).
+_HIGH_FD = 57
 _PROBE_LIMIT = 4096
-_PS2_QUIET_S = 0.3  # how long a would-be continuation prompt must stay the last output
+_NOISE_LIMIT = 16 * 1024  # what the shell printed for itself, kept to report syntax errors
+_TAG_LIMIT = 8192  # a tag without its end this far on is output, not ours
+_PS2_QUIET_S = 0.3  # how long the sentinel may still follow a continuation prompt
 _SYNTAX_ERROR = "syntax error"
 # bash -i without a terminal complains when a foreground child dies of a signal.
 _TTY_NOISE = re.compile(r"^bash: \[\d+: \d+ \(\d+\)\] tcsetattr: Inappropriate ioctl.*\n?", re.M)
-_DATA, _PS2, _SENTINEL = 0, 1, 2
+# bash -i announces each background job ("[1] 18") on the stderr the command has.
+_JOB_NOTICE = re.compile(r"^\[\d+\] \d+\n", re.M)
+_ERREXIT = re.compile(r"\bset\s+(-[a-zA-Z]*e|-o\s+errexit)")
+# A shell's report of a syntax error (bash, dash and ash wordings), not an echoed line.
+_SYNTAX_LINE = re.compile(r"^[^\s:]+: (?:line )?(?:\d+: )?syntax error", re.I)
+_DATA, _TAGGED = 0, 1
 
 
 def _is_brace_error(line: str) -> bool:
     """A shell's syntax error about an unexpected ``}`` (bash and ash wordings)."""
     return _SYNTAX_ERROR in line.lower() and ("`}'" in line or '"}"' in line)
+
+
+def _one_line(body: str) -> bool:
+    """Whether ``body`` can run as ``{ body; }`` on one line, the shell then printing no
+    prompt at all: no comment or heredoc could take our ``; }``, and it does not end in an
+    operator (``&``, ``;``, ``|``, a backslash...) that our ``;`` would make an error."""
+    if any(sign in body for sign in ("\n", "#", "<<")):
+        return False
+    return body.rstrip()[-1:] not in ("", *";&|\\(<>!{")
 
 
 def _incomplete(parse_errors: str) -> bool:
@@ -70,54 +100,45 @@ class _ShellExited(Exception):
 
 
 class _Scanner:
-    """Splits the output stream into data, PS2 markers and sentinel lines, across chunks."""
+    """Splits a byte stream into data and tagged items (``TAG payload END``), across chunks."""
 
-    __slots__ = ("_keep", "_marker", "_pending", "_tag")
+    __slots__ = ("_end", "_keep", "_pending", "_tag")
 
-    def __init__(self, marker: bytes, tag: bytes) -> None:
-        self._marker, self._tag = marker, tag
-        self._keep = max(len(marker), len(tag)) - 1
+    def __init__(self, tag: bytes, end: bytes) -> None:
+        self._tag, self._end = tag, end
+        self._keep = len(tag) - 1
         self._pending = b""
-
-    @property
-    def holds_bytes(self) -> bool:
-        """Whether bytes were received that are not yet returned as events."""
-        return bool(self._pending)
 
     def feed(self, data: bytes) -> list[tuple[int, bytes]]:
         buf = self._pending + data if self._pending else data
         events: list[tuple[int, bytes]] = []
-        pos, end = 0, len(buf)
+        pos = 0
         while True:
-            m = buf.find(self._marker, pos)
             t = buf.find(self._tag, pos)
-            if m >= 0 and (t < 0 or m < t):
-                if m > pos:
-                    events.append((_DATA, buf[pos:m]))
-                events.append((_PS2, b""))
-                pos = m + len(self._marker)
-            elif t >= 0:
-                newline = buf.find(b"\n", t)
-                if newline < 0:
-                    end = t
-                    break
-                if t > pos:
-                    events.append((_DATA, buf[pos:t]))
-                events.append((_SENTINEL, buf[t + len(self._tag) : newline]))
-                pos = newline + 1
-            else:
+            if t < 0:
                 end = self._partial_start(buf, max(pos, len(buf) - self._keep))
                 break
+            close = buf.find(self._end, t + len(self._tag))
+            if close < 0 and len(buf) - t <= _TAG_LIMIT:
+                end = t
+                break
+            if close < 0:  # no end this far on: not one of ours
+                events.append((_DATA, buf[pos : t + len(self._tag)]))
+                pos = t + len(self._tag)
+                continue
+            if t > pos:
+                events.append((_DATA, buf[pos:t]))
+            events.append((_TAGGED, buf[t + len(self._tag) : close]))
+            pos = close + len(self._end)
         if end > pos:
             events.append((_DATA, buf[pos:end]))
         self._pending = buf[end:]
         return events
 
     def _partial_start(self, buf: bytes, start: int) -> int:
-        """Where a suffix of ``buf`` that may begin a marker or tag starts (else its end)."""
+        """Where a suffix of ``buf`` that may begin the tag starts (else its end)."""
         for i in range(start, len(buf)):
-            tail = buf[i:]
-            if self._marker.startswith(tail) or self._tag.startswith(tail):
+            if self._tag.startswith(buf[i:]):
                 return i
         return len(buf)
 
@@ -127,13 +148,16 @@ class _Pending:
     """What has been read for the command in flight (a mutable accumulator).
 
     ``cmd_seq`` numbers the command's own sentinel, ``target`` the one that ends the wait
-    (the same, or a resync sentinel sent after an interrupt).
+    (the same, or a resync sentinel sent after an interrupt). ``noise``: what the shell
+    printed for itself after the command's first prompt (its syntax errors land there).
     """
 
     cmd_seq: int
     target: int
     out: CappedOutput
+    noise: CappedOutput
     ps2_limit: int | None = None
+    one_line: bool = False
     ps2: int = 0
     rc: int | None = None
     payload: str = ""
@@ -141,18 +165,24 @@ class _Pending:
     timed_out: bool = False
     continuation: bool = False
     restarted: bool = False
+    exited: bool = False
+    noise_end: int = 0
 
-    def on_sentinel(self, payload: str) -> None:
-        seq, _, rest = payload.partition(":")
-        if not seq.isdigit():
-            return
-        if int(seq) == self.cmd_seq and rest.isdigit():
-            self.rc = int(rest)
-        if int(seq) == self.target:
+    @property
+    def complete(self) -> bool:
+        """The target sentinel arrived, and for a syntax error (exit code 2) also the end
+        mark on the shell's channel, which carries the error message."""
+        return self.done and (self.rc != 2 or self.noise_end >= self.target)
+
+    def on_sentinel(self, seq: int, rest: str) -> None:
+        code, _, extra = rest.partition(":")
+        if seq == self.cmd_seq and code.isdigit():
+            self.rc = int(code)
+        if seq == self.target:
             self.done = True
-            self.payload = rest
-            if self.rc is None and rest.isdigit():
-                self.rc = int(rest)
+            self.payload = extra
+            if self.rc is None and code.isdigit():
+                self.rc = int(code)
 
 
 class ShellSession(AsyncResource):
@@ -171,15 +201,24 @@ class ShellSession(AsyncResource):
         self.max_output_bytes = max_output_bytes
         self.grace_s = grace_s
         self.start_timeout_s = 30.0
-        self._marker = f"__llps2_{token}__"
+        self._marker = f"__llps2_{token}_"  # PS2 prints this, a sentinel number, then "__"
+        # The number is expanded when the prompt is printed, so the text of the assignment
+        # (echoed by ``set -v``, traced by ``set -x``) never looks like a prompt.
+        self._ps2 = f"'{self._marker}${{__llenvs_p}}__'"
+        self._promptvars = ""  # bash: keep prompt expansion on
         self._tag = f"__llend_{token}_"
-        self._scanner = _Scanner(self._marker.encode(), self._tag.encode())
+        self._data = _Scanner(self._tag.encode(), b"\n")
+        self._noise = _Scanner(self._marker.encode(), b"__")
+        self._fd = 9
+        self._prompt_seq = b""  # the number in the PS2 the shell prints now
+        self._flags = ""  # the shell's ``$-`` after the last command
         self._seq = 0
         self._exec: Exec | None = None
         self._stream: Stream | None = None
         self._lock = asyncio.Lock()
         self._unsettled_since: float | None = None
         self._check_syntax_first = False
+        self._parser = "sh"
         self._closed = False
 
     @classmethod
@@ -205,20 +244,27 @@ class ShellSession(AsyncResource):
     def closed(self) -> bool:
         return self._closed
 
+    def _pending(self, seq: int, limit: int) -> _Pending:
+        return _Pending(
+            cmd_seq=seq, target=seq, out=CappedOutput(limit), noise=CappedOutput(_NOISE_LIMIT)
+        )
+
     async def _launch(self) -> None:
         self._exec, self._stream = await self.container.open_exec(
             ["/bin/sh", "-c", _LAUNCH[self.requested_shell]], stdin=True
         )
-        self._scanner = _Scanner(self._marker.encode(), self._tag.encode())
+        self._data = _Scanner(self._tag.encode(), b"\n")
+        self._noise = _Scanner(self._marker.encode(), b"__")
         seq = self._next_seq()
         init = (
-            f"PS1=''; PS2='{self._marker}'; unset HISTFILE; "
+            f"PS1=''; __llenvs_p={seq}; PS2={self._ps2}; unset HISTFILE; __llenvs_fd=9; "
             '[ -n "$BASH_VERSION" ] && set +H +o history; '
-            "__llenvs_rc() { return $1; }; "
-            f"command printf '{self._tag}{seq}:%d:%s:%s\\n' $$ \"${{BASH_VERSION:+bash}}\" "
-            '"$(readlink /proc/$$/exe 2>/dev/null)"\n'
+            f"if ( exec {_HIGH_FD}>&9 ) 2>/dev/null; then "
+            f"exec {_HIGH_FD}>&9 9>&-; __llenvs_fd={_HIGH_FD}; fi; "
+            f"\\command printf '{self._tag}{seq}:0:%d:%d:%s:%s\\n' $$ $__llenvs_fd "
+            '"${BASH_VERSION:+bash}" "$(readlink /proc/$$/exe 2>/dev/null)" >&$__llenvs_fd\n'
         )
-        pending = _Pending(cmd_seq=seq, target=seq, out=CappedOutput(_PROBE_LIMIT))
+        pending = self._pending(seq, _PROBE_LIMIT)
         try:
             await self._write(init.encode())
             async with asyncio.timeout(self.start_timeout_s):
@@ -227,25 +273,39 @@ class ShellSession(AsyncResource):
             await self._close_stream()
             raise ContainerError(
                 f"the shell did not start in container {self.container.short_id}: "
-                f"{pending.out.text().strip()[-300:]!r}",
+                f"{(pending.out.text() + pending.noise.text()).strip()[-300:]!r}",
                 container_id=self.container.id,
             ) from exc
-        pid, kind, exe = [*pending.payload.split(":", 2), "", ""][:3]
-        self.pid = int(pid)
+        pid, fd, kind, exe = [*pending.payload.split(":", 3), "", "", ""][:4]
+        self.pid, self._fd = int(pid), int(fd)
         self.kind = kind or "sh"
+        self._promptvars = "\\shopt -s promptvars; " if self.kind == "bash" else ""
+        self._flags = ""
         # bash and busybox ash keep reading after a syntax error; others (dash) drop the
         # rest of their input, our sentinel included: check those commands' syntax first.
         self._check_syntax_first = self.kind != "bash" and not exe.endswith("busybox")
+        # The parser by path, as the user's PATH or aliases may hide it.
+        name = "bash" if self.kind == "bash" else "sh"
+        self._parser = f"{exe} sh" if exe.endswith("busybox") else exe or name
 
     def _next_seq(self) -> int:
         self._seq += 1
         return self._seq
 
     def _sentinel_line(self, seq: int) -> bytes:
-        """Prints the tag, ``seq`` and ``$?``, then restores ``$?`` for the next command."""
+        r"""Saves ``$?``, resets PS2 (its prompts numbered ``seq``) and job control (``set -m``
+        without a terminal only adds "[1]+ Done" lines to later output), prints the tag, ``seq``,
+        ``$?`` and ``$-`` to the data channel and, after exit code 2 (a syntax error, reported
+        on the shell's own channel), an end mark there; then restores ``$?`` in an ``&&``
+        list, which ``set -e`` and the ERR trap ignore. Command words are ``\``-escaped
+        (aliases cannot touch them), expansions quoted (``IFS`` cannot split them).
+        """
+        fd, mark = self._fd, f"{self._marker}e{seq}__"
         return (
-            f"__llenvs_rc=$?; command printf '{self._tag}{seq}:%d\\n' $__llenvs_rc; "
-            "__llenvs_rc $__llenvs_rc\n"
+            f"__llenvs_rc=$?; __llenvs_p={seq}; PS2={self._ps2}; {self._promptvars}\\set +m; "
+            f'\\command printf \'{self._tag}{seq}:%d:%s\\n\' "$__llenvs_rc" "$-" >&{fd}; '
+            f'\\command printf "%.$((__llenvs_rc == 2 ? {len(mark)} : 0))s" {mark} >&2; '
+            '__llenvs_rc() { \\return "$1"; }; __llenvs_rc "$__llenvs_rc" && \\:\n'
         ).encode()
 
     async def _write(self, data: bytes) -> None:
@@ -257,36 +317,59 @@ class ShellSession(AsyncResource):
             raise _ShellExited from exc
 
     async def _pump(self, p: _Pending) -> None:
-        """Read until the sentinel of ``p.target`` arrives."""
+        """Read until the sentinel of ``p.target`` arrives (the last line the shell ran: the
+        next command's prompts carry its number)."""
+        await self._read(p)
+        self._prompt_seq = str(p.target).encode()
+
+    async def _read(self, p: _Pending) -> None:
         assert self._stream is not None
-        extra = 0  # markers past a complete command's count with nothing after them yet
-        while not p.done:
+        loop = asyncio.get_running_loop()
+        # Since when a continuation prompt, or a syntax error's end mark, is awaited.
+        since: float | None = None
+        while not p.complete:
+            if p.done and since is None:  # the end mark: bounded, that channel may be gone
+                since = loop.time()
+            deadline = None if since is None else since + _PS2_QUIET_S
             try:
-                quiet_s = _PS2_QUIET_S if extra and not self._scanner.holds_bytes else None
-                async with asyncio.timeout(quiet_s) as quiet:
+                async with asyncio.timeout_at(deadline) as quiet:
                     message = await self._stream.read_out()
             except TimeoutError:
-                if quiet.expired():  # a waiting shell: nothing after the prompt
+                if quiet.expired() and p.done:
+                    return
+                if quiet.expired():  # no sentinel after the prompt: the shell waits
                     raise _ContinuationPrompt from None
                 raise
             except (OSError, RuntimeError, aiohttp.ClientError) as exc:
                 raise _ShellExited from exc
             if message is None:
                 raise _ShellExited
-            for kind, payload in self._scanner.feed(message.data):
-                if kind == _PS2:
+            if message.stream != 2:
+                for kind, payload in self._data.feed(message.data):
+                    if kind == _DATA:
+                        p.out.feed(payload)
+                    else:
+                        self._on_sentinel(p, payload.decode("ascii", "replace"))
+                continue
+            for kind, payload in self._noise.feed(message.data):
+                if kind == _DATA:
+                    if p.ps2 or p.one_line:
+                        p.noise.feed(payload)
+                elif payload[:1] == b"e" and payload[1:].isdigit():
+                    p.noise_end = max(p.noise_end, int(payload[1:]))
+                elif payload == self._prompt_seq:
                     if p.ps2_limit is None or p.ps2 + 1 < p.ps2_limit:
                         p.ps2 += 1
-                    else:
-                        extra += 1
-                    continue
-                if extra:  # output followed: those markers were printed by the command
-                    p.out.feed(self._marker.encode() * extra)
-                    extra = 0
-                if kind == _DATA:
-                    p.out.feed(payload)
-                else:
-                    p.on_sentinel(payload.decode("ascii", "replace"))
+                    elif since is None:
+                        since = loop.time()
+
+    def _on_sentinel(self, p: _Pending, payload: str) -> None:
+        seq, _, rest = payload.partition(":")
+        if not seq.isdigit():
+            return
+        if int(seq) == p.cmd_seq:
+            self._flags = rest.partition(":")[2]
+        p.on_sentinel(int(seq), rest)
 
     async def run(
         self,
@@ -316,14 +399,13 @@ class ShellSession(AsyncResource):
                     duration_s=time.monotonic() - started,
                     shell_restarted=restarted,
                 )
+            errexit = "e" in self._flags
             p = await self._execute(body, timeout, self.max_output_bytes)
-            output = _TTY_NOISE.sub("", p.out.text())
-            lines = output.rstrip("\n").split("\n")
-            if p.rc == 2 and _is_brace_error(lines[-1]):
-                if any(_SYNTAX_ERROR in line.lower() for line in lines[:-1]):
-                    output = "\n".join(lines[:-1]) + "\n"  # the command's own error, then ours
-                elif _incomplete(await self._syntax_errors(body)):
-                    output, p.continuation = "", True
+            output = self._clean(p.out, background="&" in body)
+            if p.rc == 2 and not p.continuation and not p.exited:
+                output, p.continuation = await self._parse_failure(body, output, p)
+            if p.exited and not p.timed_out:
+                output += self._exit_note(p.rc, errexit or bool(_ERREXIT.search(body)), output)
             return CommandResult(
                 output=output,
                 exit_code=p.rc,
@@ -334,17 +416,68 @@ class ShellSession(AsyncResource):
                 shell_restarted=restarted or p.restarted,
             )
 
-    async def _execute(self, body: str, seconds: float | None, max_bytes: int) -> _Pending:
-        """Send one command, wrapped in a group and followed by the sentinel line; read it."""
+    def _clean(self, out: CappedOutput, *, background: bool) -> str:
+        """The command's output without what bash -i adds for itself on its stderr."""
+        text = out.text()
+        if self.kind != "bash":
+            return text
+        if background:
+            text = _JOB_NOTICE.sub("", text)
+        return _TTY_NOISE.sub("", text)
+
+    async def _parse_failure(self, body: str, output: str, p: _Pending) -> tuple[str, bool]:
+        """Exit code 2 after a syntax error: the command's own errors (printed on the shell's
+        channel) join its output, or, if it is merely unfinished, a continuation."""
+        lines = p.noise.text().split("\n")
+        if p.one_line:  # the whole line was refused: no ``}`` error of ours
+            errors = [line for line in lines if _SYNTAX_LINE.match(line)]
+            if not errors:
+                return output, False
+            if _incomplete(await self._syntax_errors(body)):
+                return "", True
+            return output + "".join(f"{line}\n" for line in errors), False
+        ours = [i for i, line in enumerate(lines) if _is_brace_error(line)]
+        if not ours:
+            return output, False
+        framing = f"}} </dev/null >&{self._fd} 2>&1 {self._fd}>&-"
+        before = [ln for ln in lines[: ours[-1]] if ln.strip() and ln != framing]
+        if any(_SYNTAX_ERROR in line.lower() for line in before):
+            return output + "".join(f"{line}\n" for line in before), False
+        if _incomplete(await self._syntax_errors(body)):
+            return "", True
+        return output, False
+
+    @staticmethod
+    def _exit_note(code: int | None, errexit: bool, output: str) -> str:
+        """Says why the shell is gone: the observation must explain the restart."""
+        status = "" if code is None else f" with status {code}"
+        why = ": `set -e` was on and a command failed" if errexit and code else ""
+        lead = "\n" if output and not output.endswith("\n") else ""
+        return f"{lead}[the shell exited{status}{why}; a new shell was started]\n"
+
+    async def _execute(
+        self, body: str, seconds: float | None, max_bytes: int, *, stderr: str = "&1"
+    ) -> _Pending:
+        """Send one command, wrapped in a group and followed by the sentinel line; read it.
+
+        ``stderr``: where the group's stderr goes (a probe sends the shell's ``set -x``
+        lines to ``/dev/null``).
+        """
         started = time.monotonic()
         seq = self._next_seq()
-        p = _Pending(
-            cmd_seq=seq, target=seq, out=CappedOutput(max_bytes), ps2_limit=body.count("\n") + 3
-        )
+        p = self._pending(seq, max_bytes)
+        fd = self._fd
+        if _one_line(body):  # the common case: no prompt, nothing on the shell's channel
+            group = f"{{ {body}; }}"
+            p.ps2_limit, p.one_line = 1, True
+        else:  # an L-line body is read after L+1 prompts
+            group = f"{{\n{body}\n}}"
+            p.ps2_limit = body.count("\n") + 3
         self._unsettled_since = started
         try:
             await self._write(
-                f"{{\n{body}\n}} </dev/null 2>&1\n".encode() + self._sentinel_line(seq)
+                f"{group} </dev/null >&{fd} 2>{stderr} {fd}>&-\n".encode()
+                + self._sentinel_line(seq)
             )
             async with asyncio.timeout(seconds):
                 await self._pump(p)
@@ -356,7 +489,7 @@ class ShellSession(AsyncResource):
             p.restarted = await self._settle(p, started)
         except _ShellExited:
             p.rc = await self._exit_code()
-            p.restarted = True
+            p.restarted = p.exited = True
             await self._restart()
         self._unsettled_since = None
         return p
@@ -364,9 +497,9 @@ class ShellSession(AsyncResource):
     async def _syntax_errors(self, body: str) -> str:
         """What the shell's parser (``-n``: parse only) says about ``body``; empty if valid."""
         delimiter = f"__llenvs_eof_{secrets.token_hex(6)}"
-        shell = "bash" if self.kind == "bash" else "sh"
-        probe = f"LC_ALL=C {shell} -n <<'{delimiter}' || true\n{body}\n{delimiter}"
-        return (await self._execute(probe, 10.0, _PROBE_LIMIT)).out.text().strip()
+        probe = f"LC_ALL=C {self._parser} -n 2>&1 <<'{delimiter}' || \\:\n{body}\n{delimiter}"
+        p = await self._execute(probe, 10.0, _PROBE_LIMIT, stderr="/dev/null")
+        return p.out.text().strip()
 
     async def _settle(self, p: _Pending, since: float) -> bool:
         """Interrupt the command in flight and resynchronise; True if the shell was replaced.
@@ -405,8 +538,7 @@ class ShellSession(AsyncResource):
         if self._stream is None or since is None:
             await self._restart()
             return True
-        p = _Pending(cmd_seq=-1, target=-1, out=CappedOutput(_PROBE_LIMIT))
-        return await self._settle(p, since)
+        return await self._settle(self._pending(-1, _PROBE_LIMIT), since)
 
     async def _exit_code(self) -> int | None:
         if self._exec is None:

@@ -11,7 +11,7 @@ from llenvs_async.docker._shield import shielded
 from llenvs_async.docker.engine import split_image_ref
 from llenvs_async.docker.output import CappedOutput
 from llenvs_async.docker.ownership import OWNER_LABEL, Owner, current_owner, process_alive
-from llenvs_async.docker.shell import _DATA, _PS2, _SENTINEL, _Scanner
+from llenvs_async.docker.shell import _DATA, _TAGGED, _Scanner
 
 
 def test_capped_output_keeps_head_and_tail() -> None:
@@ -31,18 +31,26 @@ def test_capped_output_decodes_invalid_utf8_with_replacement() -> None:
     assert out.text() == "\ufffdok\ufffd"
 
 
-def test_scanner_finds_markers_and_sentinels_split_across_chunks() -> None:
-    scanner = _Scanner(b"<PS2>", b"<END>")
-    stream = b"hello<PS2>wor<PS2>ld<END>7:0\ntail"
+def test_scanner_finds_tagged_items_split_across_chunks() -> None:
+    sentinels = _Scanner(b"<END>", b"\n")
+    stream = b"hello<END>7:0\nwor<END>8:1:hB\nld<EN"
     events: list[tuple[int, bytes]] = []
     for i in range(len(stream)):  # one byte at a time: the worst split
-        events += scanner.feed(stream[i : i + 1])
-    data = b"".join(p for kind, p in events if kind == _DATA)
-    assert data == b"helloworldtail"
-    assert [kind for kind, _ in events if kind != _DATA] == [_PS2, _PS2, _SENTINEL]
-    assert [p for kind, p in events if kind == _SENTINEL] == [b"7:0"]
-    assert scanner.feed(b"x<P") == [(_DATA, b"x")]  # a possible marker start is held back
-    assert scanner.feed(b"S2>y") == [(_PS2, b""), (_DATA, b"y")]
+        events += sentinels.feed(stream[i : i + 1])
+    assert b"".join(p for kind, p in events if kind == _DATA) == b"helloworld"
+    assert [p for kind, p in events if kind == _TAGGED] == [b"7:0", b"8:1:hB"]
+    assert sentinels.feed(b"x") == [(_DATA, b"<ENx")]  # a possible tag start was held back
+    prompts = _Scanner(b"<PS2>", b"__")
+    assert prompts.feed(b"a<PS2>3__<PS2>3") == [(_DATA, b"a"), (_TAGGED, b"3")]
+    assert prompts.feed(b"__b") == [(_TAGGED, b"3"), (_DATA, b"b")]
+
+
+def test_scanner_passes_on_a_tag_that_never_ends() -> None:
+    scanner = _Scanner(b"<T>", b"\n")
+    assert scanner.feed(b"a<T>b") == [(_DATA, b"a")]
+    events = scanner.feed(b"x" * 10_000)
+    assert b"".join(p for _, p in events) == b"<T>b" + b"x" * 10_000
+    assert all(kind == _DATA for kind, _ in events)
 
 
 @pytest.mark.parametrize(
