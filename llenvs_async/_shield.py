@@ -31,7 +31,7 @@ async def shielded(work: Awaitable[T], *, within: float | None, grace: float | N
     task = asyncio.ensure_future(bounded())
     loop = asyncio.get_running_loop()
     deadline: float | None = None
-    cancelled = False
+    cancelled: asyncio.CancelledError | None = None
     while not task.done():
         try:
             if deadline is None:
@@ -43,12 +43,12 @@ async def shielded(work: Awaitable[T], *, within: float | None, grace: float | N
                     deadline = None  # wait for the cancelled work to unwind, unbounded
                     continue
                 await asyncio.wait({task}, timeout=remaining)
-        except asyncio.CancelledError:
-            if not cancelled and grace is not None:
+        except asyncio.CancelledError as exc:
+            if cancelled is None and grace is not None:
                 deadline = loop.time() + grace
-            cancelled = True
-    if cancelled:
+            cancelled = cancelled or exc  # the first one: anyio knows its scope's by message
+    if cancelled is not None:
         if not task.cancelled():
             task.exception()  # retrieved: the caller's cancellation takes precedence
-        raise asyncio.CancelledError
+        raise cancelled
     return task.result()

@@ -16,8 +16,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 from .._resource import AsyncResource
+from .._shield import shielded
 from ..errors import ClosedError, ContainerError, LlenvsError
-from ._shield import shielded
 from .engine import DockerEngine, translate_errors
 from .output import DEFAULT_MAX_OUTPUT_BYTES, CappedOutput, CommandResult
 from .ownership import OWNER_LABEL, OWNER_START_LABEL, SESSION_LABEL

@@ -10,10 +10,10 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from .._shield import shielded
 from ..env import new_episode_id
 from ..errors import EnvError
 from ..types import Observation, State
-from ._shield import shielded
 from .container import Container, ContainerSpec
 from .engine import DockerEngine
 from .output import CommandResult

@@ -35,10 +35,10 @@ from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar
 
 from .._resource import AsyncResource
+from .._shield import shielded
 from ..env import Environment
 from ..errors import ClosedError, ContainerError, EnvError, LlenvsError, RestoreError
 from ..types import State
-from ._shield import shielded
 from .container import Container
 from .engine import DockerEngine
 from .images import tag_slug

@@ -30,8 +30,8 @@ import aiodocker
 import aiohttp
 
 from .._resource import AsyncResource
+from .._shield import shielded
 from ..errors import ClosedError, ContainerError, LlenvsError
-from ._shield import shielded
 from .output import DEFAULT_MAX_OUTPUT_BYTES, CappedOutput, CommandResult
 
 if TYPE_CHECKING:

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from llenvs_async.docker import CommandResult, ContainerSpec, extract_command, format_observation
-from llenvs_async.docker._shield import shielded
 from llenvs_async.docker.engine import split_image_ref
 from llenvs_async.docker.output import CappedOutput
 from llenvs_async.docker.ownership import OWNER_LABEL, Owner, current_owner, process_alive
@@ -103,26 +100,3 @@ def test_split_image_ref() -> None:
     assert split_image_ref("llenvs/base:bookworm") == ("llenvs/base", "bookworm")
     assert split_image_ref("busybox") == ("busybox", "latest")
     assert split_image_ref("localhost:5000/img") == ("localhost:5000/img", "latest")
-
-
-async def test_shielded_finishes_cleanup_then_reraises_cancellation() -> None:
-    finished: list[str] = []
-    gate = asyncio.Event()
-
-    async def cleanup() -> str:
-        await gate.wait()
-        finished.append("done")
-        return "ok"
-
-    task = asyncio.create_task(shielded(cleanup(), within=10))
-    await asyncio.sleep(0)
-    task.cancel()
-    await asyncio.sleep(0)
-    assert not task.done()  # still waiting for the cleanup
-    gate.set()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert finished == ["done"]
-    assert await shielded(cleanup(), within=1) == "ok"
-    with pytest.raises(TimeoutError):
-        await shielded(asyncio.Event().wait(), within=0.01)
