@@ -119,7 +119,7 @@ class VLLMBackend(AsyncResource):
     async def _prompt_token_ids(self, index: int, request: GenerationRequest) -> list[int]:
         if request.prompt_token_ids is not None:
             return list(request.prompt_token_ids)
-        tokenizer = await self._get_tokenizer()
+        tokenizer = await self.get_tokenizer()
         conversation = [{"role": m.role, "content": m.content} for m in request.messages]
         try:
             text = tokenizer.apply_chat_template(
@@ -133,8 +133,13 @@ class VLLMBackend(AsyncResource):
                 f"{type(exc).__name__}: {exc}"
             ) from exc
 
-    async def _get_tokenizer(self) -> Any:
-        """The engine's tokenizer; ``get_tokenizer()`` is async in vLLM 0.11, sync later."""
+    def token_mode_error(self) -> str | None:
+        """Token mode always works here: token prompts go to the engine as they are."""
+        return None
+
+    async def get_tokenizer(self) -> Any:
+        """The engine's tokenizer (or ``tokenizer``); the engine's ``get_tokenizer()`` is
+        async in vLLM 0.11, sync later."""
         if self._tokenizer is None:
             tokenizer = self._engine.get_tokenizer()
             if inspect.isawaitable(tokenizer):
