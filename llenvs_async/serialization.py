@@ -8,6 +8,10 @@ back as tuples. A state's history (initial observation; per step the action, its
 completion and the observation after) is written in full once per trajectory: a
 successor state that extends it by its transition is marked ``"history": "+1"``, so a
 file grows O(steps), not O(steps^2). Format 1 files (action prefixes only) still read.
+Token mode adds, sharing the same structure: the root's start prompt (``"prefix"``), each
+step's ``"tokens"`` (action and observation ids), and on a trajectory its derived
+``"tokens"`` record (``input_ids``, ``loss_mask``, ``logprobs``, ``turns``) as plain
+arrays for other readers; reading rebuilds the record from the steps.
 
 A JSONL file holds one record (a JSON object) per line. ``JsonlWriter`` appends
 and flushes one line per record; ``read_jsonl`` skips a truncated last line (a
@@ -34,6 +38,8 @@ from .types import (
     Observation,
     State,
     StopReason,
+    TokenRecord,
+    TokenStep,
     Trajectory,
     Transition,
 )
@@ -168,23 +174,63 @@ def _observation(obs: Observation) -> dict[str, Any]:
 
 
 def _history(history: History, base: History | None = None) -> dict[str, Any]:
-    """The history; with ``base`` (the previous state's) only the steps added to it."""
+    """The history; with ``base`` (the previous state's, when this one shares its nodes)
+    only the steps added to it."""
     steps = list(history)
-    start = 0
-    if base is not None and len(base) <= len(steps) and steps[: len(base)] == list(base):
-        start = len(base)
+    shared = base is not None and _shares(steps, history, base)
+    start = len(base) if base is not None and shared else 0
     out: dict[str, Any] = {
         "initial": None if history.initial is None else _observation(history.initial),
-        "extend" if base is not None and start == len(base) else "steps": [
-            {
-                "action": _action(step.action),
-                "observation": None if step.observation is None else _observation(step.observation),
-                "completion": None if step.completion is None else _completion(step.completion),
-            }
-            for step in steps[start:]
-        ],
+        "extend" if shared else "steps": [_history_step(step) for step in steps[start:]],
     }
+    if not shared and history.prefix is not None:
+        out["prefix"] = list(history.prefix)
     return out
+
+
+def _shares(steps: list[HistoryStep], history: History, base: History) -> bool:
+    """Whether ``history`` starts with ``base``'s steps, token ids included."""
+    prefix = list(base)
+    return (
+        len(prefix) <= len(steps)
+        and steps[: len(prefix)] == prefix
+        and history.prefix == base.prefix
+        and all(
+            a.tokens == b.tokens and a.prefix == b.prefix
+            for a, b in zip(steps, prefix, strict=False)
+        )
+    )
+
+
+def _history_step(step: HistoryStep) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "action": _action(step.action),
+        "observation": None if step.observation is None else _observation(step.observation),
+        "completion": None if step.completion is None else _completion(step.completion),
+    }
+    if step.tokens is not None:
+        out["tokens"] = _token_step(step.tokens)
+    if step.prefix is not None:
+        out["prefix"] = list(step.prefix)
+    return out
+
+
+def _token_step(step: TokenStep) -> dict[str, Any]:
+    return {
+        "action_ids": list(step.action_ids),
+        "observation_ids": list(step.observation_ids),
+        "sampled": step.sampled,
+    }
+
+
+def _token_record(record: TokenRecord) -> dict[str, Any]:
+    return {
+        "input_ids": list(record.input_ids),
+        "loss_mask": list(record.loss_mask),
+        "logprobs": None if record.logprobs is None else list(record.logprobs),
+        "turns": [list(span) for span in record.turns],
+        "prompt_length": record.prompt_length,
+    }
 
 
 def _extends(t: Transition) -> bool:
@@ -196,6 +242,8 @@ def _extends(t: Transition) -> bool:
         and last.action == t.action
         and last.completion == t.completion
         and last.observation == t.next_state.observation
+        and last.tokens == t.tokens
+        and last.prefix is None
     )
 
 
@@ -263,6 +311,8 @@ def _transition(t: Transition, state: dict[str, Any] | None) -> dict[str, Any]:
         "reward": _reward(t.reward),
         "completion": None if t.completion is None else _completion(t.completion),
     }
+    if t.tokens is not None:
+        out["tokens"] = _token_step(t.tokens)
     if state is not None:
         out["state"] = state
     if t.info:
@@ -291,6 +341,9 @@ def _trajectory(traj: Trajectory) -> dict[str, Any]:
     }
     if traj.info:
         out["info"] = _encode_mapping(traj.info, "Trajectory.info")
+    record = traj.token_record()
+    if record is not None:
+        out["tokens"] = _token_record(record)
     return out
 
 
@@ -340,10 +393,13 @@ def _read_history(data: Any, where: str, previous: State | None) -> History:
         raise SerializationError(f"{where}: expected an object, got {type(data).__name__}")
     initial = data.get("initial")
     steps: list[HistoryStep] = []
+    root = data.get("prefix")
+    prefix = None if root is None else _numbers(root, int, f"{where}.prefix")
     if "extend" in data:
         if previous is None:
             raise SerializationError(f"{where}.extend: outside a trajectory")
         steps.extend(previous.history)
+        prefix = previous.history.prefix
     for i, step in enumerate(_objects(data, "extend" if "extend" in data else "steps", where)):
         at = f"{where}.steps[{i}]"
         completion = step.get("completion")
@@ -351,14 +407,31 @@ def _read_history(data: Any, where: str, previous: State | None) -> History:
         action = _read_action(_field(step, "action", dict, at), f"{at}.action")
         if completion is not None:
             action = replace(action, completion=_read_completion(completion, f"{at}.completion"))
+        ids = step.get("prefix")
         steps.append(
             HistoryStep(
                 action=action,
                 observation=None if obs is None else _read_observation(obs, f"{at}.observation"),
+                tokens=_read_token_step(step.get("tokens"), f"{at}.tokens"),
+                prefix=None if ids is None else _numbers(ids, int, f"{at}.prefix"),
             )
         )
     first = None if initial is None else _read_observation(initial, f"{where}.initial")
-    return History.of(steps, initial=first)
+    return History.of(steps, initial=first, prefix=prefix)
+
+
+def _read_token_step(data: Any, where: str) -> TokenStep | None:
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise SerializationError(f"{where}: expected an object, got {type(data).__name__}")
+    return TokenStep(
+        action_ids=_numbers(_field(data, "action_ids", list, where), int, f"{where}.action_ids"),
+        observation_ids=_numbers(
+            _field(data, "observation_ids", list, where), int, f"{where}.observation_ids"
+        ),
+        sampled=_field(data, "sampled", bool, where),
+    )
 
 
 def _read_state(
@@ -366,6 +439,7 @@ def _read_state(
     where: str,
     previous: State | None = None,
     via: Action | None = None,
+    tokens: TokenStep | None = None,
 ) -> State:
     """A state; inside a trajectory ``previous`` is the state before it and ``via`` the
     transition's action (what ``"history": "+1"`` and format 1's ``actions_extend`` add to).
@@ -376,7 +450,7 @@ def _read_state(
     if raw == _EXTENDS:
         if previous is None or via is None:
             raise SerializationError(f"{where}.history: {_EXTENDS!r} outside a trajectory")
-        history = History(previous.history.path.append(via, observation))
+        history = History(previous.history.path.append(via, observation, tokens=tokens))
     elif raw is not None:
         history = _read_history(raw, f"{where}.history", previous)
     else:  # format 1: action prefixes only
@@ -438,15 +512,17 @@ def _read_transition(data: Mapping[str, Any], where: str, previous: State | None
     action = _read_action(_field(data, "action", dict, where), f"{where}.action")
     if completion is not None:
         action = replace(action, completion=completion)
+    tokens = _read_token_step(data.get("tokens"), f"{where}.tokens")
     return Transition(
         state=state,
         action=action,
         next_state=_read_state(
-            _field(data, "next_state", dict, where), f"{where}.next_state", state, action
+            _field(data, "next_state", dict, where), f"{where}.next_state", state, action, tokens
         ),
         reward=_number(data, "reward", where),
         completion=completion,
         info=_decode_mapping(data, "info", where),
+        tokens=tokens,
     )
 
 

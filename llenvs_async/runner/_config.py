@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..backends.base import Backend
 from ..env import EnvFactory, Environment, RestoreFn
 from ..types import SamplingParams
 from ._rollout import PromptBuilder
+
+if TYPE_CHECKING:
+    from ._tokens import TokenPrompts
 
 __all__ = ["RunConfig", "RunnerStats"]
 
@@ -52,6 +56,7 @@ class RunConfig:
     restore_timeout: float | None
     close_timeout: float
     stats: RunnerStats
+    tokens: TokenPrompts | None = None  # token mode
 
     @property
     def multi_instance(self) -> bool:

@@ -13,6 +13,7 @@ from ._config import RunConfig
 from ._instances import Closer, prepare, prepare_one
 from ._rollout import Rollout, RolloutInput, is_programming_error
 from ._slots import Slots
+from ._tokens import missing_token_ids
 
 __all__ = ["Schedule", "run_rollouts"]
 
@@ -190,7 +191,10 @@ async def _unwrapped(work: Awaitable[None]) -> None:
 
 async def _round(active: Sequence[Rollout], cfg: RunConfig, closer: Closer) -> None:
     cfg.stats.rounds += 1
-    needing = [r for r in active if r.pending_action is None]
+    if cfg.tokens is not None:  # token mode: start prompts of rollouts that just joined
+        for rollout in await cfg.tokens.start(active, cfg.system_prompt):
+            closer.close(rollout)
+    needing = [r for r in active if r.pending_action is None and not r.finished]
     if needing:
         await _generate(needing, cfg)
     stepping = [r for r in active if not r.finished]
@@ -201,6 +205,11 @@ async def _round(active: Sequence[Rollout], cfg: RunConfig, closer: Closer) -> N
                 tg.create_task(_step(rollout, cfg, closer))
     except BaseExceptionGroup as group:
         raise _first(group) from None
+    if cfg.tokens is not None:  # one batch for the round's new observation turns
+        await cfg.tokens.extend(stepping)
+        for rollout in stepping:
+            if rollout.finished:  # a failed observation turn (idempotent otherwise)
+                closer.close(rollout)
 
 
 async def _generate(rollouts: Sequence[Rollout], cfg: RunConfig) -> None:
@@ -229,6 +238,9 @@ async def _generate(rollouts: Sequence[Rollout], cfg: RunConfig) -> None:
                 rollout.stop_reason = "context_length"
             else:
                 rollout.fail(completion.error, "generate")
+            continue
+        if cfg.tokens is not None and (missing := missing_token_ids(completion)) is not None:
+            rollout.fail(missing, "generate")
             continue
         rollout.pending_action = Action(text=completion.text, completion=completion)
         rollout.pending_completion = completion

@@ -125,6 +125,9 @@ class Rollout:
     error: ErrorInfo | None = None
     stop_reason: StopReason = "unfinished"
     episode_id: str = field(default_factory=new_episode_id)
+    # Token mode: the prompt the next request sends, and a forced first action's ids.
+    prompt_ids: tuple[int, ...] | None = None
+    forced_ids: tuple[int, ...] | None = None
 
     @property
     def finished(self) -> bool:
@@ -166,6 +169,7 @@ class Rollout:
             messages = tuple(builder(self.initial_state, tuple(self.transitions)))
         return GenerationRequest(
             messages=messages,
+            prompt_token_ids=self.prompt_ids,
             rollout_index=self.spec.index,
             step=self.state.step,
             task=self.state.task,
