@@ -1,0 +1,145 @@
+"""Token mode against the real engine: what the engine reports it was sent is what we recorded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llenvs_async import TrajectoryRunner
+from llenvs_async.backends.openai import OpenAIBackend
+from llenvs_async.backends.vllm import VLLMBackend
+from llenvs_async.envs import ChainEnv
+from llenvs_async.runner._rollout import conversation
+from llenvs_async.serialization import JsonlWriter, read_trajectories
+from llenvs_async.types import SamplingParams, Trajectory
+
+from .conftest import Engine, Server
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+SYSTEM = "Walk to the goal."
+TURNS = 5
+
+
+def params(seed: int) -> SamplingParams:
+    return SamplingParams(max_tokens=12, temperature=1.0, logprobs=0, seed=seed)
+
+
+def engine_prompts(traj: Trajectory) -> list[tuple[int, ...]]:
+    """The prompt ids the ENGINE reports for each turn (not ours)."""
+    out = []
+    for t in traj.transitions:
+        assert t.completion is not None and t.completion.prompt_token_ids
+        out.append(t.completion.prompt_token_ids)
+    return out
+
+
+def check_token_exact(traj: Trajectory) -> None:
+    assert traj.error is None, traj.error
+    record = traj.token_record()
+    assert record is not None
+    prompts = engine_prompts(traj)
+    sampled = [t.completion.token_ids for t in traj.transitions if t.completion is not None]
+    for t in range(len(prompts) - 1):
+        # the extension property: turn t+1 starts with turn t's prompt + turn t's sampled ids
+        assert prompts[t + 1][: len(prompts[t]) + len(sampled[t])] == prompts[t] + sampled[t]
+    for t, prompt in enumerate(prompts):
+        assert record.input_ids[: len(prompt)] == prompt  # our record agrees with the engine
+        assert record.turns[t] == (len(prompt), len(prompt) + len(sampled[t]))
+    masked = [record.input_ids[i] for i, m in enumerate(record.loss_mask) if m]
+    assert masked == [i for ids in sampled for i in ids]
+    assert record.logprobs is not None and len(record.logprobs) == sum(record.loss_mask)
+
+
+async def five_turns(backend: Any, n: int, seed: int) -> tuple[TrajectoryRunner, list[Trajectory]]:
+    env = ChainEnv(max_steps=TURNS)
+    runner = TrajectoryRunner(env, backend, params(seed), system_prompt=SYSTEM, token_mode=True)
+    trajs = await runner.run_batch([0] * n)
+    return runner, trajs
+
+
+async def test_five_turn_rollouts_are_token_exact(engine: Engine, hf_tokenizer: Any) -> None:
+    _, trajs = await five_turns(VLLMBackend(engine.llm), 8, seed=7)
+    for traj in trajs:
+        assert len(traj) == TURNS
+        check_token_exact(traj)
+    # The engine's own first prompt is the tokenizer's rendering of the conversation.
+    first = trajs[0].transitions[0].completion
+    assert first is not None
+    text = hf_tokenizer.apply_chat_template(
+        [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": trajs[0].initial_state.observation.text},
+        ],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert first.prompt_token_ids == tuple(hf_tokenizer.encode(text, add_special_tokens=False))
+
+
+async def test_re_templating_would_break_the_extension_property(
+    engine: Engine, hf_tokenizer: Any
+) -> None:
+    """Re-rendering the conversation from completion TEXTS (what the runner did before)
+    gives other ids than the engine sampled, for some turn of these rollouts."""
+    _, trajs = await five_turns(VLLMBackend(engine.llm), 8, seed=11)
+    drifted = merged = 0
+    for traj in trajs:
+        prompts = engine_prompts(traj)
+        for t in range(1, len(prompts)):
+            messages = [{"role": "system", "content": SYSTEM}] + [
+                {"role": m.role, "content": m.content}
+                for m in conversation(traj.transitions[t - 1].next_state)
+            ]
+            text = hf_tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
+            retemplated = tuple(hf_tokenizer.encode(text, add_special_tokens=False))
+            if retemplated != prompts[t]:
+                drifted += 1
+            completion = traj.transitions[t - 1].completion
+            assert completion is not None
+            ids = [i for i in completion.token_ids if i != hf_tokenizer.eos_token_id]
+            decoded = hf_tokenizer.decode(ids)
+            if tuple(hf_tokenizer.encode(decoded, add_special_tokens=False)) != tuple(ids):
+                merged += 1  # the sampled pieces re-tokenize differently (BPE merges)
+    assert drifted > 0, "re-templating reproduced every prompt: no drift found to show"
+    assert merged > 0
+
+
+async def test_restored_at_turn_three_sends_the_original_prompt(
+    engine: Engine, tmp_path: Path
+) -> None:
+    runner, [traj] = await five_turns(VLLMBackend(engine.llm), 1, seed=3)
+    check_token_exact(traj)
+    original = engine_prompts(traj)[3]
+    [again] = await runner.run_batch_from_states([traj.states[3]])
+    assert engine_prompts(again)[0] == original
+    check_token_exact(again)
+    path = tmp_path / "runs.jsonl"
+    with JsonlWriter(path) as writer:
+        writer.write_trajectory(traj)
+    [back] = read_trajectories(path)
+    [from_file] = await runner.run_batch_from_states([back.states[3]])
+    assert engine_prompts(from_file)[0] == original
+
+
+async def test_openai_completions_mode_token_mode(
+    engine: Engine, server: Server, tiny_model: Path
+) -> None:
+    """The HTTP server in completions mode: the same extension property, a restore at turn
+    3 sends the original prompt, and a state saved by the in-process run restores too."""
+    async with OpenAIBackend(
+        server.base_url, server.model, mode="completions", tokenizer=tiny_model
+    ) as http:
+        runner, trajs = await five_turns(http, 4, seed=5)
+        for traj in trajs:
+            assert len(traj) == TURNS
+            check_token_exact(traj)
+        [again] = await runner.run_batch_from_states([trajs[0].states[3]])
+        assert engine_prompts(again)[0] == engine_prompts(trajs[0])[3]
+        _, [local] = await five_turns(VLLMBackend(engine.llm), 1, seed=9)
+        [crossed] = await runner.run_batch_from_states([local.states[3]])
+        assert engine_prompts(crossed)[0] == engine_prompts(local)[3]
