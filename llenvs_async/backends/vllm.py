@@ -21,6 +21,7 @@ from .._resource import AsyncResource
 from ..errors import BackendError, ClosedError
 from ..types import Completion, GenerationError, GenerationRequest, SamplingParams
 from ._concurrency import gather_in_order
+from ._openai_wire import message_dict
 from ._outcomes import request_error
 from ._vllm_compat import (
     build_engine,
@@ -120,10 +121,11 @@ class VLLMBackend(AsyncResource):
         if request.prompt_token_ids is not None:
             return list(request.prompt_token_ids)
         tokenizer = await self.get_tokenizer()
-        conversation = [{"role": m.role, "content": m.content} for m in request.messages]
+        conversation = [message_dict(m) for m in request.messages]
+        tools = {"tools": [dict(t) for t in request.tools]} if request.tools else {}
         try:
             text = tokenizer.apply_chat_template(
-                conversation, tokenize=False, add_generation_prompt=True
+                conversation, tokenize=False, add_generation_prompt=True, **tools
             )
             # The template already holds the special tokens (BOS...): do not add them twice.
             return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
