@@ -23,6 +23,7 @@ from typing import Any
 
 from llenvs_async.runner._tokens import ChatFrame
 from llenvs_async.testing.chat_tokenizer import ChatMLTokenizer
+from llenvs_async.types import ChatMessage
 
 from ._common import Result, Target, bench_main, fmt, make_result, plot, table
 
@@ -134,7 +135,7 @@ async def token_round(frame: ChatFrame, case: Case, turn: int, base: tuple[int, 
 
     def work() -> list[tuple[int, ...]]:
         return [
-            frame.observation(ids[turn - 1], obs[turn - 1])
+            frame.observation(ids[turn - 1], ChatMessage(role="user", content=obs[turn - 1]))
             for ids, obs in zip(case.sampled, case.observations, strict=True)
         ]
 

@@ -31,6 +31,7 @@ from typing import Any, TypeVar, cast, get_args
 from .errors import LlenvsError
 from .types import (
     Action,
+    ActionPath,
     Completion,
     ErrorInfo,
     History,
@@ -56,6 +57,7 @@ __all__ = [
 
 FORMAT_VERSION = 2
 _READABLE_FORMATS = frozenset({1, 2})
+_PREFIX = "prefix"  # Completion.prompt_token_ids = the token prefix of the state it came from
 _EXTENDS = "+1"  # next_state.history = state.history + (transition's action, next observation)
 _TUPLE = "__tuple__"
 _STOP_REASONS: frozenset[str] = frozenset(get_args(StopReason))
@@ -179,9 +181,12 @@ def _history(history: History, base: History | None = None) -> dict[str, Any]:
     steps = list(history)
     shared = base is not None and _shares(steps, history, base)
     start = len(base) if base is not None and shared else 0
+    prompts = _prompts_before(steps, history.prefix)
     out: dict[str, Any] = {
         "initial": None if history.initial is None else _observation(history.initial),
-        "extend" if shared else "steps": [_history_step(step) for step in steps[start:]],
+        "extend" if shared else "steps": [
+            _history_step(step, prompts[i]) for i, step in enumerate(steps) if i >= start
+        ],
     }
     if not shared and history.prefix is not None:
         out["prefix"] = list(history.prefix)
@@ -202,11 +207,27 @@ def _shares(steps: list[HistoryStep], history: History, base: History) -> bool:
     )
 
 
-def _history_step(step: HistoryStep) -> dict[str, Any]:
+def _prompts_before(
+    steps: list[HistoryStep], prefix: tuple[int, ...] | None
+) -> list[tuple[int, ...] | None]:
+    """Token mode: the prompt sent before each step (None where a step lacks its ids)."""
+    out: list[tuple[int, ...] | None] = []
+    for step in steps:
+        out.append(prefix)
+        if step.prefix is not None:
+            prefix = step.prefix
+        elif prefix is not None and step.tokens is not None:
+            prefix = prefix + step.tokens.action_ids + step.tokens.observation_ids
+        else:
+            prefix = None
+    return out
+
+
+def _history_step(step: HistoryStep, prompt: tuple[int, ...] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "action": _action(step.action),
         "observation": None if step.observation is None else _observation(step.observation),
-        "completion": None if step.completion is None else _completion(step.completion),
+        "completion": None if step.completion is None else _completion(step.completion, prompt),
     }
     if step.tokens is not None:
         out["tokens"] = _token_step(step.tokens)
@@ -268,13 +289,21 @@ def _state(state: State, *, extends: bool = False, base: State | None = None) ->
     return out
 
 
-def _completion(c: Completion) -> dict[str, Any]:
+def _completion(c: Completion, prompt: tuple[int, ...] | None = None) -> dict[str, Any]:
+    """A completion; its prompt ids are written as ``"prefix"`` when they are the token
+    prefix of the state it was sampled from (token mode), so files stay O(tokens)."""
+    same = prompt is not None and bool(c.prompt_token_ids) and c.prompt_token_ids == prompt
     return {
         "text": c.text,
         "token_ids": list(c.token_ids),
         "logprobs": None if c.logprobs is None else list(c.logprobs),
         "finish_reason": c.finish_reason,
-        "prompt_token_ids": list(c.prompt_token_ids),
+        "prompt_token_ids": _PREFIX if same else list(c.prompt_token_ids),
+        **(
+            {"tool_calls": [_encode_value(t, "Completion.tool_calls") for t in c.tool_calls]}
+            if c.tool_calls
+            else {}
+        ),
     }
 
 
@@ -309,7 +338,7 @@ def _transition(t: Transition, state: dict[str, Any] | None) -> dict[str, Any]:
         "action": _action(t.action),
         "next_state": _state(t.next_state, extends=_extends(t), base=t.state),
         "reward": _reward(t.reward),
-        "completion": None if t.completion is None else _completion(t.completion),
+        "completion": None if t.completion is None else _completion(t.completion, _prompt(t)),
     }
     if t.tokens is not None:
         out["tokens"] = _token_step(t.tokens)
@@ -318,6 +347,13 @@ def _transition(t: Transition, state: dict[str, Any] | None) -> dict[str, Any]:
     if t.info:
         out["info"] = _encode_mapping(t.info, "Transition.info")
     return out
+
+
+def _prompt(t: Transition) -> tuple[int, ...] | None:
+    if t.tokens is None or t.completion is None or not t.completion.prompt_token_ids:
+        return None
+    path = t.state.actions
+    return path.token_prefix() if isinstance(path, ActionPath) else None
 
 
 def _trajectory(traj: Trajectory) -> dict[str, Any]:
@@ -400,13 +436,15 @@ def _read_history(data: Any, where: str, previous: State | None) -> History:
             raise SerializationError(f"{where}.extend: outside a trajectory")
         steps.extend(previous.history)
         prefix = previous.history.prefix
+    prompt = _prompts_before([*steps, HistoryStep(action=Action(text=""))], prefix)[-1]
     for i, step in enumerate(_objects(data, "extend" if "extend" in data else "steps", where)):
         at = f"{where}.steps[{i}]"
         completion = step.get("completion")
         obs = step.get("observation")
         action = _read_action(_field(step, "action", dict, at), f"{at}.action")
         if completion is not None:
-            action = replace(action, completion=_read_completion(completion, f"{at}.completion"))
+            read = _read_completion(completion, f"{at}.completion", prompt)
+            action = replace(action, completion=read)
         ids = step.get("prefix")
         steps.append(
             HistoryStep(
@@ -416,6 +454,7 @@ def _read_history(data: Any, where: str, previous: State | None) -> History:
                 prefix=None if ids is None else _numbers(ids, int, f"{at}.prefix"),
             )
         )
+        prompt = _prompts_before([steps[-1], HistoryStep(action=action)], prompt)[-1]
     first = None if initial is None else _read_observation(initial, f"{where}.initial")
     return History.of(steps, initial=first, prefix=prefix)
 
@@ -475,17 +514,34 @@ def _read_state(
     )
 
 
-def _read_completion(data: Mapping[str, Any], where: str) -> Completion:
+def _read_completion(
+    data: Mapping[str, Any], where: str, prompt: tuple[int, ...] | None = None
+) -> Completion:
     logprobs = data.get("logprobs")
+    raw = data.get("prompt_token_ids", [])
+    if raw == _PREFIX:
+        if prompt is None:
+            raise SerializationError(
+                f"{where}.prompt_token_ids: {_PREFIX!r} but the state has no token prefix"
+            )
+        prompt_ids = prompt
+    else:
+        prompt_ids = _numbers(raw, int, f"{where}.prompt_token_ids")
     return Completion(
         text=_field(data, "text", str, where),
         token_ids=_numbers(data.get("token_ids", []), int, f"{where}.token_ids"),
         logprobs=None if logprobs is None else _numbers(logprobs, float, f"{where}.logprobs"),
         finish_reason=_opt(data, "finish_reason", str, where),
-        prompt_token_ids=_numbers(
-            data.get("prompt_token_ids", []), int, f"{where}.prompt_token_ids"
-        ),
+        prompt_token_ids=prompt_ids,
+        tool_calls=tuple(_decode_value(c) for c in _list(data, "tool_calls", where)),
     )
+
+
+def _list(data: Mapping[str, Any], key: str, where: str) -> list[Any]:
+    values = data.get(key, [])
+    if not isinstance(values, list):
+        raise SerializationError(f"{where}.{key}: expected a list")
+    return values
 
 
 def _read_error(data: Mapping[str, Any], where: str) -> ErrorInfo:
@@ -506,9 +562,12 @@ def _read_transition(data: Mapping[str, Any], where: str, previous: State | None
     else:
         raise SerializationError(f"{where}: missing field 'state'")
     raw = data.get("completion")
-    completion = (
-        None if raw is None else _read_completion(_field(data, "completion", dict, where), where)
-    )
+    completion = None
+    if raw is not None:
+        assert isinstance(state.actions, ActionPath)
+        completion = _read_completion(
+            _field(data, "completion", dict, where), where, state.actions.token_prefix()
+        )
     action = _read_action(_field(data, "action", dict, where), f"{where}.action")
     if completion is not None:
         action = replace(action, completion=completion)

@@ -425,13 +425,19 @@ class StepResult:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Completion:
-    """One generated completion; token ids and logprobs are kept for RL."""
+    """One generated completion; token ids and logprobs are kept for RL.
+
+    ``tool_calls`` are the model's tool calls as the server returned them (OpenAI's
+    ``{"id", "type": "function", "function": {"name", "arguments"}}`` objects); the
+    runner copies them to ``Action.tool_calls`` for the environment.
+    """
 
     text: str
     token_ids: tuple[int, ...] = ()
     logprobs: tuple[float, ...] | None = None
     finish_reason: str | None = None
     prompt_token_ids: tuple[int, ...] = ()
+    tool_calls: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -641,8 +647,13 @@ class SamplingParams:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ChatMessage:
+    """One chat message; an assistant's ``tool_calls`` and a ``tool`` reply's
+    ``tool_call_id`` follow OpenAI's chat format."""
+
     role: Literal["system", "user", "assistant", "tool"]
     content: str
+    tool_calls: tuple[Any, ...] = ()
+    tool_call_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -653,6 +664,7 @@ class GenerationRequest:
     ``rollout_index`` is the rollout's input position (for scripted policies and logs).
     ``seed`` is this request's own sampling seed, derived by the runner from the run's
     base seed, the rollout's input index and the step (None: the engine's randomness).
+    ``tools`` are OpenAI-format tool definitions offered to the model (chat mode).
     """
 
     messages: tuple[ChatMessage, ...]
@@ -661,6 +673,7 @@ class GenerationRequest:
     step: int = 0
     task: int | str | None = None
     seed: int | None = None
+    tools: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..backends.base import Backend
 from ..env import EnvFactory, Environment, RestoreFn
@@ -57,6 +58,7 @@ class RunConfig:
     close_timeout: float
     stats: RunnerStats
     tokens: TokenPrompts | None = None  # token mode
+    tools: tuple[Mapping[str, Any], ...] = ()  # offered to the model on every request
 
     @property
     def multi_instance(self) -> bool:

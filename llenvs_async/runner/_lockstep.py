@@ -218,7 +218,7 @@ async def _generate(rollouts: Sequence[Rollout], cfg: RunConfig) -> None:
     stops) that rollout alone.
     """
     base_seed = cfg.sampling_params.seed
-    requests = [r.request(cfg.prompt_builder, base_seed) for r in rollouts]
+    requests = [r.request(cfg.prompt_builder, base_seed, cfg.tools) for r in rollouts]
     cfg.stats.generate_calls += 1
     try:
         completions = await cfg.backend.generate(requests, cfg.sampling_params)
@@ -242,7 +242,9 @@ async def _generate(rollouts: Sequence[Rollout], cfg: RunConfig) -> None:
         if cfg.tokens is not None and (missing := missing_token_ids(completion)) is not None:
             rollout.fail(missing, "generate")
             continue
-        rollout.pending_action = Action(text=completion.text, completion=completion)
+        rollout.pending_action = Action(
+            text=completion.text, tool_calls=completion.tool_calls, completion=completion
+        )
         rollout.pending_completion = completion
 
 

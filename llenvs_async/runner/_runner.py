@@ -38,6 +38,8 @@ class TrajectoryRunner(AsyncResource):
     ``token_mode=True`` keeps each rollout's prompt as token ids (see ``runner._tokens``):
     next prompt = previous prompt + sampled ids + templated observation turn, sent as
     ``prompt_token_ids``; ``chat_template_kwargs`` go to the tokenizer's chat template.
+    ``tools`` (OpenAI-format tool definitions) go on every request; a completion's tool
+    calls become ``Action.tool_calls``.
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class TrajectoryRunner(AsyncResource):
         instance_limit: int | None = None,
         token_mode: bool = False,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        tools: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         if not hasattr(environment, "step") or not hasattr(environment, "reset"):
             raise TypeError(
@@ -84,6 +87,7 @@ class TrajectoryRunner(AsyncResource):
             self.tokens = TokenPrompts(check_token_backend(backend), chat_template_kwargs or {})
         elif chat_template_kwargs:
             raise ValueError("chat_template_kwargs is used by token_mode=True only")
+        self.tools = _check_tools(tools)
         self.environment = environment
         self.backend = backend
         self.sampling_params = sampling_params or SamplingParams()
@@ -252,6 +256,7 @@ class TrajectoryRunner(AsyncResource):
             close_timeout=self.close_timeout,
             stats=self.stats,
             tokens=self.tokens,
+            tools=self.tools,
         )
 
 
@@ -266,6 +271,19 @@ def _attach_finished(exc: BaseException, done: list[Trajectory], total: int) -> 
             f"llenvs_async: {len(done)} of {total} rollouts had finished; their trajectories "
             "are on this exception's `finished_trajectories`"
         )
+
+
+def _check_tools(tools: Sequence[Mapping[str, Any]]) -> tuple[Mapping[str, Any], ...]:
+    if isinstance(tools, Mapping | str) or not isinstance(tools, Sequence):
+        raise TypeError(f"tools must be a sequence of tool definitions, got {tools!r:.80}")
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            raise ValueError(
+                f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., "
+                f"'parameters': ...}}}}, got {tool!r:.80}"
+            )
+    return tuple(tools)
 
 
 def _check_schedule(schedule: Any) -> Schedule:

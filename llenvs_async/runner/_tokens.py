@@ -17,10 +17,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..backends._openai_wire import message_dict
 from ..backends.base import TokenizerBackend
 from ..errors import BackendError, LlenvsError
 from ..types import ActionPath, ChatMessage, Completion, TokenStep
-from ._rollout import conversation
+from ._rollout import conversation, observation_message
 
 if TYPE_CHECKING:
     from ._rollout import Rollout
@@ -87,7 +88,7 @@ class ChatFrame:
 
     def prompt(self, messages: Sequence[ChatMessage]) -> tuple[int, ...]:
         """A whole conversation templated once, up to the generation prompt (a start prompt)."""
-        rendered = self.render([{"role": m.role, "content": m.content} for m in messages], True)
+        rendered = self.render([message_dict(m) for m in messages], True)
         return self.encode(rendered)
 
     def assistant(self, text: str) -> tuple[int, ...]:
@@ -95,15 +96,12 @@ class ChatFrame:
         close = self.render([_DUMMY_USER, {"role": "assistant", "content": _CONTENT}], False)
         return self.encode(text + _after_content(close))
 
-    def observation(self, action_ids: Sequence[int], text: str) -> tuple[int, ...]:
+    def observation(self, action_ids: Sequence[int], message: ChatMessage) -> tuple[int, ...]:
         """The ids after ``action_ids`` up to the next generation prompt: the rest of the
-        assistant turn (what the engine did not sample of it), then the user turn ``text``."""
+        assistant turn (what the engine did not sample of it), then the observation's turn
+        (``user``, or a ``tool`` reply)."""
         rendered = self.render(
-            [
-                _DUMMY_USER,
-                {"role": "assistant", "content": _CONTENT},
-                {"role": "user", "content": text},
-            ],
+            [_DUMMY_USER, {"role": "assistant", "content": _CONTENT}, message_dict(message)],
             True,
         )
         ids = self.encode(_after_content(rendered))
@@ -207,7 +205,8 @@ class TokenPrompts:
             else:
                 assert t.completion is not None
                 action_ids, sampled = t.completion.token_ids, True
-            work.append(_observation_work(action_ids, sampled, t.next_state.observation.text))
+            message = observation_message(t.next_state.observation)
+            work.append(_observation_work(action_ids, sampled, message))
         for rollout, result in zip(todo, await self._batch(work), strict=True):
             if isinstance(result, LlenvsError):
                 rollout.fail(result, "step")
@@ -246,12 +245,12 @@ def _start_work(
 
 
 def _observation_work(
-    action_ids: tuple[int, ...], sampled: bool, text: str
+    action_ids: tuple[int, ...], sampled: bool, message: ChatMessage
 ) -> Callable[[ChatFrame], TokenStep]:
     def work(frame: ChatFrame) -> TokenStep:
         return TokenStep(
             action_ids=action_ids,
-            observation_ids=frame.observation(action_ids, text),
+            observation_ids=frame.observation(action_ids, message),
             sampled=sampled,
         )
 

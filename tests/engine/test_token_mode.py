@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,14 @@ from llenvs_async.backends.vllm import VLLMBackend
 from llenvs_async.envs import ChainEnv
 from llenvs_async.runner._rollout import conversation
 from llenvs_async.serialization import JsonlWriter, read_trajectories
-from llenvs_async.types import SamplingParams, Trajectory
+from llenvs_async.types import (
+    ChatMessage,
+    Completion,
+    GenerationError,
+    GenerationRequest,
+    SamplingParams,
+    Trajectory,
+)
 
 from .conftest import Engine, Server
 
@@ -143,3 +151,48 @@ async def test_openai_completions_mode_token_mode(
         _, [local] = await five_turns(VLLMBackend(engine.llm), 1, seed=9)
         [crossed] = await runner.run_batch_from_states([local.states[3]])
         assert engine_prompts(crossed)[0] == engine_prompts(local)[3]
+
+
+ADD_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}},
+    },
+}
+
+
+async def test_the_real_server_accepts_our_tool_call_wire_format(
+    engine: Engine, server: Server
+) -> None:
+    """The tiny model cannot call tools, but the server validates the schema: tools, an
+    assistant message with tool_calls and a tool reply are accepted as we send them (with
+    ``tool_choice: none``, since the server runs without a tool-call parser)."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": "{}"}}
+    request = GenerationRequest(
+        messages=(
+            ChatMessage(role="user", content="add"),
+            ChatMessage(role="assistant", content="", tool_calls=(call,)),
+            ChatMessage(role="tool", content="5", tool_call_id="call_1"),
+        ),
+        tools=(ADD_TOOL,),
+    )
+    sampling = SamplingParams(max_tokens=4, logprobs=0, seed=1)
+    async with OpenAIBackend(
+        server.base_url, server.model, mode="chat", extra_body={"tool_choice": "none"}
+    ) as http:
+        [completion] = await http.generate([request], sampling)
+    assert isinstance(completion, Completion), completion
+    assert completion.token_ids and completion.tool_calls == ()
+    # A tool definition without a function name: the server's own schema rejects it (400),
+    # as our test server does. (vLLM accepts a tool reply without tool_call_id; OpenAI's
+    # schema, which our test server follows, does not.)
+    bad = replace(request, tools=({"type": "function", "function": {}},))
+    async with OpenAIBackend(
+        server.base_url, server.model, mode="chat", extra_body={"tool_choice": "none"}
+    ) as http:
+        [rejected] = await http.generate([bad], sampling)
+    assert isinstance(rejected, GenerationError), rejected
+    # In-process: the same messages and tools go through the model's chat template.
+    [local] = await VLLMBackend(engine.llm).generate([request], sampling)
+    assert isinstance(local, Completion) and local.token_ids

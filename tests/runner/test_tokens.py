@@ -203,8 +203,19 @@ async def test_restored_state_keeps_its_prefix_through_jsonl(
     state = from_dict(State, json.loads(json.dumps(to_dict(traj.states[2]))))
     assert state.actions.token_prefix() == original[2].prompt_token_ids  # type: ignore[attr-defined]
     # The record is in the JSONL as plain arrays, for readers that are not this package.
-    record = json.loads(path.read_text())["trajectory"]["tokens"]
-    assert record["input_ids"] == list(traj.token_record().input_ids)  # type: ignore[union-attr]
+    data = json.loads(path.read_text())["trajectory"]
+    assert data["tokens"]["input_ids"] == list(traj.token_record().input_ids)  # type: ignore[union-attr]
+    # Each completion's prompt ids are its state's token prefix: written once, not per step.
+    assert all(t["completion"]["prompt_token_ids"] == "prefix" for t in data["transitions"])
+    assert [t.completion.prompt_token_ids for t in back.transitions] == [  # type: ignore[union-attr]
+        r.prompt_token_ids for r in original
+    ]
+    continued = await runner.run_batch_from_states([back.states[2]])
+    with JsonlWriter(path) as writer:
+        writer.write_trajectory(continued[0])
+    [_, cont_back] = read_trajectories(path)  # a start state's history keeps prefix markers too
+    assert cont_back == continued[0]
+    assert cont_back.initial_state.history[1].completion == traj.transitions[1].completion
 
 
 async def test_states_share_token_nodes(tok: ChatMLTokenizer) -> None:
