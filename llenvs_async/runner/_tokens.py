@@ -26,7 +26,7 @@ from ._rollout import conversation, observation_message
 if TYPE_CHECKING:
     from ._rollout import Rollout
 
-__all__ = ["ChatFrame", "TokenPrompts", "check_token_backend"]
+__all__ = ["ChatFrame", "TokenPrompts", "check_token_backend", "missing_token_ids"]
 
 T = TypeVar("T")
 
@@ -55,13 +55,15 @@ class ChatFrame:
 
     tokenizer: Any
     kwargs: Mapping[str, Any]
-    close: tuple[int, ...]  # what the template puts after an assistant message's content
+    close_text: str = ""  # what the template puts after an assistant message's content
+    close: tuple[int, ...] = ()  # ... and its ids
 
     @classmethod
     def build(cls, tokenizer: Any, kwargs: Mapping[str, Any]) -> ChatFrame:
-        frame = cls(tokenizer=tokenizer, kwargs=kwargs, close=())
+        frame = cls(tokenizer=tokenizer, kwargs=kwargs)
         text = frame.render([_DUMMY_USER, {"role": "assistant", "content": _CONTENT}], False)
-        return replace(frame, close=frame.encode(_after_content(text)))
+        close = _after_content(text)
+        return replace(frame, close_text=close, close=frame.encode(close))
 
     def render(self, messages: Sequence[Mapping[str, str]], generation_prompt: bool) -> str:
         try:
@@ -93,8 +95,7 @@ class ChatFrame:
 
     def assistant(self, text: str) -> tuple[int, ...]:
         """A forced action as the model would have written it: content + end of turn."""
-        close = self.render([_DUMMY_USER, {"role": "assistant", "content": _CONTENT}], False)
-        return self.encode(text + _after_content(close))
+        return self.encode(text + self.close_text)
 
     def observation(self, action_ids: Sequence[int], message: ChatMessage) -> tuple[int, ...]:
         """The ids after ``action_ids`` up to the next generation prompt: the rest of the

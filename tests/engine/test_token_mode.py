@@ -196,3 +196,28 @@ async def test_the_real_server_accepts_our_tool_call_wire_format(
     # In-process: the same messages and tools go through the model's chat template.
     [local] = await VLLMBackend(engine.llm).generate([request], sampling)
     assert isinstance(local, Completion) and local.token_ids
+
+
+async def test_export_round_trip_of_engine_trajectories(engine: Engine, tmp_path: Path) -> None:
+    """Rows read back with ``datasets`` equal the real engine's token records."""
+    import datasets
+
+    from llenvs_async.cli import main
+
+    _, trajs = await five_turns(VLLMBackend(engine.llm), 4, seed=21)
+    path = tmp_path / "runs.jsonl"
+    with JsonlWriter(path) as writer:
+        for traj in trajs:
+            writer.write_trajectory(traj)
+    assert main(["export", str(path), "--format", "parquet", "-o", str(tmp_path / "pq")]) == 0
+    rows = datasets.load_dataset("parquet", data_dir=str(tmp_path / "pq"), split="train")
+    assert len(rows) == len(trajs)
+    for traj, got in zip(trajs, rows, strict=True):
+        record = traj.token_record()
+        assert record is not None
+        assert got["input_ids"] == list(record.input_ids)
+        assert got["loss_mask"] == list(record.loss_mask)
+        assert got["logprobs"] == pytest.approx(list(record.logprobs or ()))
+        assert got["turns"] == [list(span) for span in record.turns]
+        assert got["rewards"] == [t.reward for t in traj.transitions]
+        assert got["stop_reason"] == traj.stop_reason
