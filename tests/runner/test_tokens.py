@@ -367,3 +367,39 @@ def test_token_step_values() -> None:
     path = ActionPath(prefix=(9,)).append(Action(text="a"), None, tokens=step)
     assert path.token_prefix() == (9, 1, 2, 3)
     assert ActionPath().append(Action(text="a"), None).token_prefix() is None
+
+
+async def test_an_environment_that_does_not_extend_the_history(tok: ChatMLTokenizer) -> None:
+    """States built from action tuples (no shared history): the record still comes from the
+    transitions; restoring such a state templates what it knows, once."""
+    from llenvs_async import StepResult
+
+    class TupleChain(ChainEnv):
+        async def _step(self, state: State, action: Action) -> StepResult:
+            result = await super()._step(state, action)
+            nxt = result.next_state
+            flat = State(
+                observation=nxt.observation,
+                task=nxt.task,
+                step=nxt.step,
+                episode_id=nxt.episode_id,
+                actions=tuple(nxt.actions),
+                terminated=nxt.terminated,
+                truncated=nxt.truncated,
+                hidden=nxt.hidden,
+            )
+            return StepResult.of(flat, result.reward)
+
+    policy = TokenPolicy(tok)
+    runner = make_runner(policy, tok, environment=TupleChain())
+    [traj] = await runner.run_batch([1])
+    assert traj.error is None and len(traj) == 4
+    assert_token_exact(traj, policy.by_rollout(0))
+    assert traj.states[2].actions.token_prefix() is None  # type: ignore[attr-defined]
+    policy.requests.clear()
+    [again] = await runner.run_batch_from_states([traj.states[2]])
+    assert again.error is None
+    first = policy.requests[0].prompt_token_ids
+    assert first is not None and tok.decode(first).endswith(
+        f"user\n{traj.states[2].observation.text}<|im_end|>\n<|im_start|>assistant\n"
+    )
