@@ -13,7 +13,7 @@ from ._config import RunConfig
 from ._instances import Closer, prepare, prepare_one
 from ._rollout import Rollout, RolloutInput, is_programming_error
 from ._slots import Slots
-from ._tokens import missing_token_ids
+from ._tokens import token_mismatch
 
 __all__ = ["Schedule", "run_rollouts"]
 
@@ -232,15 +232,15 @@ async def _generate(rollouts: Sequence[Rollout], cfg: RunConfig) -> None:
         for rollout in rollouts:
             rollout.fail(exc, "generate")
         return
-    for rollout, completion in zip(rollouts, completions, strict=True):
+    for rollout, request, completion in zip(rollouts, requests, completions, strict=True):
         if isinstance(completion, GenerationError):
             if isinstance(completion.error, ContextLengthError):
                 rollout.stop_reason = "context_length"
             else:
                 rollout.fail(completion.error, "generate")
             continue
-        if cfg.tokens is not None and (missing := missing_token_ids(completion)) is not None:
-            rollout.fail(missing, "generate")
+        if cfg.tokens is not None and (mismatch := token_mismatch(completion, request)):
+            rollout.fail(mismatch, "generate")
             continue
         rollout.pending_action = Action(
             text=completion.text, tool_calls=completion.tool_calls, completion=completion

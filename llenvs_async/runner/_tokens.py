@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..backends._openai_wire import message_dict
 from ..backends.base import TokenizerBackend
 from ..errors import BackendError, LlenvsError
-from ..types import ActionPath, ChatMessage, Completion, TokenStep
+from ..types import ActionPath, ChatMessage, Completion, GenerationRequest, TokenStep
 from ._rollout import conversation, observation_message
 
 if TYPE_CHECKING:
     from ._rollout import Rollout
 
-__all__ = ["ChatFrame", "TokenPrompts", "check_token_backend", "missing_token_ids"]
+__all__ = ["ChatFrame", "TokenPrompts", "check_token_backend", "token_mismatch"]
 
 T = TypeVar("T")
 
@@ -215,14 +215,24 @@ class TokenPrompts:
             _record(rollout, result)
 
 
-def missing_token_ids(completion: Completion) -> BackendError | None:
-    """Token mode cannot extend a prompt with a completion that carries no token ids."""
-    if completion.token_ids:
-        return None
-    return BackendError(
-        "token mode: the backend returned a completion without token_ids "
-        f"(text {completion.text[:60]!r}); it must return the sampled ids"
-    )
+def token_mismatch(completion: Completion, request: GenerationRequest) -> BackendError | None:
+    """Why ``completion`` cannot extend the rollout's token prompt (None when it can): it
+    has no sampled ids, or the backend reports a prompt other than the one sent (a server
+    that re-tokenized it)."""
+    if not completion.token_ids:
+        return BackendError(
+            "token mode: the backend returned a completion without token_ids "
+            f"(text {completion.text[:60]!r}); it must return the sampled ids"
+        )
+    sent, seen = request.prompt_token_ids or (), completion.prompt_token_ids
+    if seen and seen != sent:
+        at = next((i for i, (a, b) in enumerate(zip(sent, seen, strict=False)) if a != b), None)
+        where = f"first difference at position {at}" if at is not None else "lengths differ"
+        return BackendError(
+            f"token mode: the backend reports a prompt of {len(seen)} ids for the {len(sent)} "
+            f"sent ({where}): it did not send prompt_token_ids verbatim"
+        )
+    return None
 
 
 def _start_work(

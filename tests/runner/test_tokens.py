@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -403,3 +404,40 @@ async def test_an_environment_that_does_not_extend_the_history(tok: ChatMLTokeni
     assert first is not None and tok.decode(first).endswith(
         f"user\n{traj.states[2].observation.text}<|im_end|>\n<|im_start|>assistant\n"
     )
+
+
+async def test_a_backend_that_re_tokenized_the_prompt_fails_that_rollout(
+    tok: ChatMLTokenizer,
+) -> None:
+    """A server reporting another prompt than the ids sent did not send them verbatim."""
+    inner = TokenPolicy(tok)
+
+    def policy(request: GenerationRequest) -> Completion:
+        completion = inner(request)
+        if request.rollout_index == 1:
+            wrong = (*completion.prompt_token_ids[:-1], 7)
+            return dataclasses.replace(completion, prompt_token_ids=wrong)
+        return completion
+
+    trajs = await make_runner(policy, tok).run_batch([0, 0])
+    assert trajs[0].error is None
+    assert trajs[1].error is not None and "verbatim" in trajs[1].error.message
+    assert "first difference at position" in trajs[1].error.message
+
+
+async def test_tokenizing_runs_off_the_event_loop(tok: ChatMLTokenizer) -> None:
+    import threading
+
+    class Watched(ChatMLTokenizer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.threads: set[int] = set()
+
+        def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+            self.threads.add(threading.get_ident())
+            return super().encode(text, add_special_tokens)
+
+    watched = Watched()
+    [traj] = await make_runner(TokenPolicy(watched), watched).run_batch([2])
+    assert traj.error is None and len(traj) == 5
+    assert watched.threads and threading.get_ident() not in watched.threads
