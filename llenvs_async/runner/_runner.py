@@ -77,6 +77,7 @@ class TrajectoryRunner(AsyncResource):
         _check_positive("close_timeout", close_timeout)
         _check_schedule(schedule)
         _check_positive("instance_limit", instance_limit)
+        self.tools = _check_tools(tools)
         self.tokens: TokenPrompts | None = None
         if token_mode:
             if prompt_builder is not None:
@@ -84,10 +85,11 @@ class TrajectoryRunner(AsyncResource):
                     "token_mode=True keeps prompts as token ids; a prompt_builder (messages) "
                     "cannot be combined with it"
                 )
-            self.tokens = TokenPrompts(check_token_backend(backend), chat_template_kwargs or {})
+            self.tokens = TokenPrompts(
+                check_token_backend(backend), chat_template_kwargs or {}, self.tools
+            )
         elif chat_template_kwargs:
             raise ValueError("chat_template_kwargs is used by token_mode=True only")
-        self.tools = _check_tools(tools)
         self.environment = environment
         self.backend = backend
         self.sampling_params = sampling_params or SamplingParams()

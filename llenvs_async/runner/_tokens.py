@@ -132,9 +132,16 @@ class TokenPrompts:
     """One runner's token mode: its backend's tokenizer, cut into a ``ChatFrame`` once, and
     the batched per-round work (start prompts, forced actions, observation turns)."""
 
-    def __init__(self, backend: TokenizerBackend, chat_template_kwargs: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        backend: TokenizerBackend,
+        chat_template_kwargs: Mapping[str, Any],
+        tools: Sequence[Mapping[str, Any]] = (),
+    ) -> None:
         self._backend = backend
-        self._kwargs = dict(chat_template_kwargs)
+        # Tool definitions reach the template as its ``tools`` variable (HF's convention).
+        tool_kwargs = {"tools": [dict(t) for t in tools]} if tools else {}
+        self._kwargs = {**chat_template_kwargs, **tool_kwargs}
         self._frame: ChatFrame | None = None
         self._ready = asyncio.Lock()
         self._tokenizer_lock = threading.Lock()  # concurrent runs share one tokenizer

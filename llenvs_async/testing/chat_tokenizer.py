@@ -5,11 +5,12 @@ turn a model samples); ``MERGES`` are multi-character tokens matched greedily, t
 one id per character (``1000 + ord``). Like a BPE tokenizer, text sampled one piece at a
 time re-encodes differently (``r i g h t`` -> ``right``): the drift token mode avoids.
 ``enable_thinking=False`` (a template kwarg) appends an empty think block to the
-generation prompt, as Qwen3's template does.
+generation prompt, as Qwen3's template does; ``tools`` are rendered in a system preamble.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -38,10 +39,13 @@ class ChatMLTokenizer:
         tokenize: bool = True,
         add_generation_prompt: bool = False,
         enable_thinking: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
         **kwargs: Any,
     ) -> str | list[int]:
         self.renders += 1
         text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in conversation)
+        if tools:  # a tools preamble first, as Qwen's template renders it
+            text = f"<|im_start|>system\n# Tools\n{json.dumps(list(tools))}<|im_end|>\n" + text
         if add_generation_prompt:
             text += "<|im_start|>assistant\n"
             if not enable_thinking:

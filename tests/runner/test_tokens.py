@@ -441,3 +441,18 @@ async def test_tokenizing_runs_off_the_event_loop(tok: ChatMLTokenizer) -> None:
     [traj] = await make_runner(TokenPolicy(watched), watched).run_batch([2])
     assert traj.error is None and len(traj) == 5
     assert watched.threads and threading.get_ident() not in watched.threads
+
+
+async def test_tools_reach_the_chat_template_in_token_mode(tok: ChatMLTokenizer) -> None:
+    tool = {"type": "function", "function": {"name": "move", "parameters": {}}}
+    policy = TokenPolicy(tok)
+    [traj] = await make_runner(policy, tok, tools=[tool]).run_batch([1])
+    first = policy.by_rollout(0)[0].prompt_token_ids
+    assert first is not None and tok.decode(first).startswith(
+        f"<|im_start|>system\n# Tools\n{json.dumps([tool])}<|im_end|>\n"
+    )
+    assert all(r.tools == (tool,) for r in policy.requests)
+    assert_token_exact(traj, policy.by_rollout(0))
+    # the observation turns carry no second preamble
+    step = traj.transitions[0].tokens
+    assert step is not None and "# Tools" not in tok.decode(step.observation_ids)
