@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from llenvs_async import (
     Action,
@@ -456,3 +458,50 @@ async def test_tools_reach_the_chat_template_in_token_mode(tok: ChatMLTokenizer)
     # the observation turns carry no second preamble
     step = traj.transitions[0].tokens
     assert step is not None and "# Tools" not in tok.decode(step.observation_ids)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    texts=st.lists(st.sampled_from(["right", "left", "ri", "x y", "\n", "stay"]), min_size=1),
+    stops=st.lists(st.booleans(), min_size=1),
+    forced=st.sampled_from([None, "right", "left\n"]),
+)
+async def test_token_exactness_and_round_trip_hold_for_any_completions(
+    texts: list[str], stops: list[bool], forced: str | None
+) -> None:
+    """Any mix of completion texts, with or without their stop token, from a reset or a
+    forced first action: prompts extend exactly and the JSONL round trip keeps everything."""
+    tok = ChatMLTokenizer()
+    requests: list[GenerationRequest] = []
+
+    def policy(request: GenerationRequest) -> Completion:
+        requests.append(request)
+        i = len(requests) - 1
+        text, stop = texts[i % len(texts)], stops[i % len(stops)]
+        ids = (*tok.char_ids(text), *([IM_END] if stop else []))
+        return Completion(
+            text=text,
+            token_ids=ids,
+            logprobs=tuple(-1.0 for _ in ids),
+            prompt_token_ids=request.prompt_token_ids or (),
+        )
+
+    runner = make_runner(policy, tok, environment=ChainEnv(max_steps=4))
+    if forced is None:
+        [traj] = await runner.run_batch([1])
+    else:
+        [start] = await runner.run_batch([1], max_steps=1)
+        requests.clear()
+        [traj] = await runner.run_batch_from_state_actions([start.final_state], [forced])
+    assert traj.error is None
+    record = traj.token_record()
+    assert record is not None
+    for t, request in zip(traj.transitions[1 if forced else 0 :], requests, strict=True):
+        prompt = request.prompt_token_ids or ()
+        assert record.input_ids[: len(prompt)] == prompt
+        assert t.completion is not None and t.completion.prompt_token_ids == prompt
+    sampled = [i for t in traj.transitions if t.completion for i in t.completion.token_ids]
+    assert [x for x, m in zip(record.input_ids, record.loss_mask, strict=True) if m] == sampled
+    back = from_dict(Trajectory, json.loads(json.dumps(to_dict(traj))))
+    assert back == traj and back.token_record() == record
+    assert [t.tokens for t in back.transitions] == [t.tokens for t in traj.transitions]
