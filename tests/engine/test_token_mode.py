@@ -221,3 +221,66 @@ async def test_export_round_trip_of_engine_trajectories(engine: Engine, tmp_path
         assert got["turns"] == [list(span) for span in record.turns]
         assert got["rewards"] == [t.reward for t in traj.transitions]
         assert got["stop_reason"] == traj.stop_reason
+
+
+# Qwen3's behaviour in a few lines: earlier assistant turns lose their <think> block when
+# the conversation is rendered again; the generation prompt may carry an empty one.
+QWEN_LIKE_TEMPLATE = (
+    "{%- set ns = namespace(last_user=-1) %}"
+    "{%- for m in messages %}{%- if m.role == 'user' %}{%- set ns.last_user = loop.index0 %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- for m in messages %}{%- set content = m.content %}"
+    "{%- if m.role == 'assistant' and loop.index0 < ns.last_user and '</think>' in content %}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}{%- endif %}"
+    "{{- '<|im_start|>' + m.role + '\\n' + content + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
+)
+
+
+async def test_a_template_that_strips_thinking_cannot_drift_in_token_mode(
+    hf_tokenizer: Any,
+) -> None:
+    """With a Qwen3-like template, re-rendering drops earlier <think> blocks (the prompt is
+    no longer an extension of what was sampled); token mode keeps the sampled ids."""
+    import copy
+
+    from llenvs_async import ScriptedBackend
+
+    tok = copy.deepcopy(hf_tokenizer)
+    tok.chat_template = QWEN_LIKE_TEMPLATE
+    answer = "<think>\ngo right\n</think>\n\nright"
+    sampled = (*tok.encode(answer, add_special_tokens=False), tok.eos_token_id)
+    requests: list[GenerationRequest] = []
+
+    def policy(request: GenerationRequest) -> Completion:
+        requests.append(request)
+        return Completion(text=answer, token_ids=sampled, logprobs=(-1.0,) * len(sampled))
+
+    runner = TrajectoryRunner(
+        ChainEnv(max_steps=3),
+        ScriptedBackend(policy, tokenizer=tok),
+        system_prompt=SYSTEM,
+        token_mode=True,
+        chat_template_kwargs={"enable_thinking": True},
+    )
+    [traj] = await runner.run_batch([2])
+    assert traj.error is None and len(traj) == 3
+    prompts = [r.prompt_token_ids or () for r in requests]
+    for t in range(len(prompts) - 1):
+        assert prompts[t + 1][: len(prompts[t]) + len(sampled)] == prompts[t] + sampled
+    think = tok.encode("go right", add_special_tokens=False)
+    assert _count(prompts[2], think) == 2  # both earlier turns keep their thinking
+    messages = [{"role": "system", "content": SYSTEM}] + [
+        {"role": m.role, "content": m.content} for m in conversation(traj.transitions[1].next_state)
+    ]
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    retemplated = tuple(tok.encode(text, add_special_tokens=False))
+    assert _count(retemplated, think) == 0  # re-rendering stripped them: drift
+    assert retemplated != prompts[2]
+
+
+def _count(ids: tuple[int, ...], piece: list[int]) -> int:
+    n = len(piece)
+    return sum(1 for i in range(len(ids) - n + 1) if list(ids[i : i + n]) == piece)
