@@ -40,6 +40,8 @@ from .types import (
     SamplingParams,
     State,
     StepResult,
+    TokenRecord,
+    TokenStep,
     Trajectory,
     Transition,
 )
@@ -82,6 +84,8 @@ __all__ = [
     "StepResult",
     "StepTimeoutError",
     "TaskLoadError",
+    "TokenRecord",
+    "TokenStep",
     "Trajectory",
     "TrajectoryRunner",
     "Transition",

@@ -8,6 +8,10 @@ back as tuples. A state's history (initial observation; per step the action, its
 completion and the observation after) is written in full once per trajectory: a
 successor state that extends it by its transition is marked ``"history": "+1"``, so a
 file grows O(steps), not O(steps^2). Format 1 files (action prefixes only) still read.
+Token mode adds, sharing the same structure: the root's start prompt (``"prefix"``), each
+step's ``"tokens"`` (action and observation ids), and on a trajectory its derived
+``"tokens"`` record (``input_ids``, ``loss_mask``, ``logprobs``, ``turns``) as plain
+arrays for other readers; reading rebuilds the record from the steps.
 
 A JSONL file holds one record (a JSON object) per line. ``JsonlWriter`` appends
 and flushes one line per record; ``read_jsonl`` skips a truncated last line (a
@@ -27,6 +31,7 @@ from typing import Any, TypeVar, cast, get_args
 from .errors import LlenvsError
 from .types import (
     Action,
+    ActionPath,
     Completion,
     ErrorInfo,
     History,
@@ -34,6 +39,8 @@ from .types import (
     Observation,
     State,
     StopReason,
+    TokenRecord,
+    TokenStep,
     Trajectory,
     Transition,
 )
@@ -50,6 +57,7 @@ __all__ = [
 
 FORMAT_VERSION = 2
 _READABLE_FORMATS = frozenset({1, 2})
+_PREFIX = "prefix"  # Completion.prompt_token_ids = the token prefix of the state it came from
 _EXTENDS = "+1"  # next_state.history = state.history + (transition's action, next observation)
 _TUPLE = "__tuple__"
 _STOP_REASONS: frozenset[str] = frozenset(get_args(StopReason))
@@ -168,23 +176,82 @@ def _observation(obs: Observation) -> dict[str, Any]:
 
 
 def _history(history: History, base: History | None = None) -> dict[str, Any]:
-    """The history; with ``base`` (the previous state's) only the steps added to it."""
+    """The history; with ``base`` (the previous state's, when this one shares its nodes)
+    only the steps added to it."""
     steps = list(history)
-    start = 0
-    if base is not None and len(base) <= len(steps) and steps[: len(base)] == list(base):
-        start = len(base)
+    shared = base is not None and _shares(steps, history, base)
+    start = len(base) if base is not None and shared else 0
+    prompts = _prompts_before(steps, history.prefix)
     out: dict[str, Any] = {
         "initial": None if history.initial is None else _observation(history.initial),
-        "extend" if base is not None and start == len(base) else "steps": [
-            {
-                "action": _action(step.action),
-                "observation": None if step.observation is None else _observation(step.observation),
-                "completion": None if step.completion is None else _completion(step.completion),
-            }
-            for step in steps[start:]
+        "extend" if shared else "steps": [
+            _history_step(step, prompts[i]) for i, step in enumerate(steps) if i >= start
         ],
     }
+    if not shared and history.prefix is not None:
+        out["prefix"] = list(history.prefix)
     return out
+
+
+def _shares(steps: list[HistoryStep], history: History, base: History) -> bool:
+    """Whether ``history`` starts with ``base``'s steps, token ids included."""
+    prefix = list(base)
+    return (
+        len(prefix) <= len(steps)
+        and steps[: len(prefix)] == prefix
+        and history.prefix == base.prefix
+        and all(
+            a.tokens == b.tokens and a.prefix == b.prefix
+            for a, b in zip(steps, prefix, strict=False)
+        )
+    )
+
+
+def _prompts_before(
+    steps: list[HistoryStep], prefix: tuple[int, ...] | None
+) -> list[tuple[int, ...] | None]:
+    """Token mode: the prompt sent before each step (None where a step lacks its ids)."""
+    out: list[tuple[int, ...] | None] = []
+    for step in steps:
+        out.append(prefix)
+        if step.prefix is not None:
+            prefix = step.prefix
+        elif prefix is not None and step.tokens is not None:
+            prefix = prefix + step.tokens.action_ids + step.tokens.observation_ids
+        else:
+            prefix = None
+    return out
+
+
+def _history_step(step: HistoryStep, prompt: tuple[int, ...] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "action": _action(step.action),
+        "observation": None if step.observation is None else _observation(step.observation),
+        "completion": None if step.completion is None else _completion(step.completion, prompt),
+    }
+    if step.tokens is not None:
+        out["tokens"] = _token_step(step.tokens)
+    if step.prefix is not None:
+        out["prefix"] = list(step.prefix)
+    return out
+
+
+def _token_step(step: TokenStep) -> dict[str, Any]:
+    return {
+        "action_ids": list(step.action_ids),
+        "observation_ids": list(step.observation_ids),
+        "sampled": step.sampled,
+    }
+
+
+def _token_record(record: TokenRecord) -> dict[str, Any]:
+    return {
+        "input_ids": list(record.input_ids),
+        "loss_mask": list(record.loss_mask),
+        "logprobs": None if record.logprobs is None else list(record.logprobs),
+        "turns": [list(span) for span in record.turns],
+        "prompt_length": record.prompt_length,
+    }
 
 
 def _extends(t: Transition) -> bool:
@@ -196,6 +263,8 @@ def _extends(t: Transition) -> bool:
         and last.action == t.action
         and last.completion == t.completion
         and last.observation == t.next_state.observation
+        and last.tokens == t.tokens
+        and last.prefix is None
     )
 
 
@@ -220,13 +289,21 @@ def _state(state: State, *, extends: bool = False, base: State | None = None) ->
     return out
 
 
-def _completion(c: Completion) -> dict[str, Any]:
+def _completion(c: Completion, prompt: tuple[int, ...] | None = None) -> dict[str, Any]:
+    """A completion; its prompt ids are written as ``"prefix"`` when they are the token
+    prefix of the state it was sampled from (token mode), so files stay O(tokens)."""
+    same = prompt is not None and bool(c.prompt_token_ids) and c.prompt_token_ids == prompt
     return {
         "text": c.text,
         "token_ids": list(c.token_ids),
         "logprobs": None if c.logprobs is None else list(c.logprobs),
         "finish_reason": c.finish_reason,
-        "prompt_token_ids": list(c.prompt_token_ids),
+        "prompt_token_ids": _PREFIX if same else list(c.prompt_token_ids),
+        **(
+            {"tool_calls": [_encode_value(t, "Completion.tool_calls") for t in c.tool_calls]}
+            if c.tool_calls
+            else {}
+        ),
     }
 
 
@@ -261,13 +338,22 @@ def _transition(t: Transition, state: dict[str, Any] | None) -> dict[str, Any]:
         "action": _action(t.action),
         "next_state": _state(t.next_state, extends=_extends(t), base=t.state),
         "reward": _reward(t.reward),
-        "completion": None if t.completion is None else _completion(t.completion),
+        "completion": None if t.completion is None else _completion(t.completion, _prompt(t)),
     }
+    if t.tokens is not None:
+        out["tokens"] = _token_step(t.tokens)
     if state is not None:
         out["state"] = state
     if t.info:
         out["info"] = _encode_mapping(t.info, "Transition.info")
     return out
+
+
+def _prompt(t: Transition) -> tuple[int, ...] | None:
+    if t.tokens is None or t.completion is None or not t.completion.prompt_token_ids:
+        return None
+    path = t.state.actions
+    return path.token_prefix() if isinstance(path, ActionPath) else None
 
 
 def _trajectory(traj: Trajectory) -> dict[str, Any]:
@@ -291,6 +377,9 @@ def _trajectory(traj: Trajectory) -> dict[str, Any]:
     }
     if traj.info:
         out["info"] = _encode_mapping(traj.info, "Trajectory.info")
+    record = traj.token_record()
+    if record is not None:
+        out["tokens"] = _token_record(record)
     return out
 
 
@@ -340,25 +429,48 @@ def _read_history(data: Any, where: str, previous: State | None) -> History:
         raise SerializationError(f"{where}: expected an object, got {type(data).__name__}")
     initial = data.get("initial")
     steps: list[HistoryStep] = []
+    root = data.get("prefix")
+    prefix = None if root is None else _numbers(root, int, f"{where}.prefix")
     if "extend" in data:
         if previous is None:
             raise SerializationError(f"{where}.extend: outside a trajectory")
         steps.extend(previous.history)
+        prefix = previous.history.prefix
+    prompt = _prompts_before([*steps, HistoryStep(action=Action(text=""))], prefix)[-1]
     for i, step in enumerate(_objects(data, "extend" if "extend" in data else "steps", where)):
         at = f"{where}.steps[{i}]"
         completion = step.get("completion")
         obs = step.get("observation")
         action = _read_action(_field(step, "action", dict, at), f"{at}.action")
         if completion is not None:
-            action = replace(action, completion=_read_completion(completion, f"{at}.completion"))
+            read = _read_completion(completion, f"{at}.completion", prompt)
+            action = replace(action, completion=read)
+        ids = step.get("prefix")
         steps.append(
             HistoryStep(
                 action=action,
                 observation=None if obs is None else _read_observation(obs, f"{at}.observation"),
+                tokens=_read_token_step(step.get("tokens"), f"{at}.tokens"),
+                prefix=None if ids is None else _numbers(ids, int, f"{at}.prefix"),
             )
         )
+        prompt = _prompts_before([steps[-1], HistoryStep(action=action)], prompt)[-1]
     first = None if initial is None else _read_observation(initial, f"{where}.initial")
-    return History.of(steps, initial=first)
+    return History.of(steps, initial=first, prefix=prefix)
+
+
+def _read_token_step(data: Any, where: str) -> TokenStep | None:
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise SerializationError(f"{where}: expected an object, got {type(data).__name__}")
+    return TokenStep(
+        action_ids=_numbers(_field(data, "action_ids", list, where), int, f"{where}.action_ids"),
+        observation_ids=_numbers(
+            _field(data, "observation_ids", list, where), int, f"{where}.observation_ids"
+        ),
+        sampled=_field(data, "sampled", bool, where),
+    )
 
 
 def _read_state(
@@ -366,6 +478,7 @@ def _read_state(
     where: str,
     previous: State | None = None,
     via: Action | None = None,
+    tokens: TokenStep | None = None,
 ) -> State:
     """A state; inside a trajectory ``previous`` is the state before it and ``via`` the
     transition's action (what ``"history": "+1"`` and format 1's ``actions_extend`` add to).
@@ -376,7 +489,7 @@ def _read_state(
     if raw == _EXTENDS:
         if previous is None or via is None:
             raise SerializationError(f"{where}.history: {_EXTENDS!r} outside a trajectory")
-        history = History(previous.history.path.append(via, observation))
+        history = History(previous.history.path.append(via, observation, tokens=tokens))
     elif raw is not None:
         history = _read_history(raw, f"{where}.history", previous)
     else:  # format 1: action prefixes only
@@ -401,17 +514,34 @@ def _read_state(
     )
 
 
-def _read_completion(data: Mapping[str, Any], where: str) -> Completion:
+def _read_completion(
+    data: Mapping[str, Any], where: str, prompt: tuple[int, ...] | None = None
+) -> Completion:
     logprobs = data.get("logprobs")
+    raw = data.get("prompt_token_ids", [])
+    if raw == _PREFIX:
+        if prompt is None:
+            raise SerializationError(
+                f"{where}.prompt_token_ids: {_PREFIX!r} but the state has no token prefix"
+            )
+        prompt_ids = prompt
+    else:
+        prompt_ids = _numbers(raw, int, f"{where}.prompt_token_ids")
     return Completion(
         text=_field(data, "text", str, where),
         token_ids=_numbers(data.get("token_ids", []), int, f"{where}.token_ids"),
         logprobs=None if logprobs is None else _numbers(logprobs, float, f"{where}.logprobs"),
         finish_reason=_opt(data, "finish_reason", str, where),
-        prompt_token_ids=_numbers(
-            data.get("prompt_token_ids", []), int, f"{where}.prompt_token_ids"
-        ),
+        prompt_token_ids=prompt_ids,
+        tool_calls=tuple(_decode_value(c) for c in _list(data, "tool_calls", where)),
     )
+
+
+def _list(data: Mapping[str, Any], key: str, where: str) -> list[Any]:
+    values = data.get(key, [])
+    if not isinstance(values, list):
+        raise SerializationError(f"{where}.{key}: expected a list")
+    return values
 
 
 def _read_error(data: Mapping[str, Any], where: str) -> ErrorInfo:
@@ -432,21 +562,26 @@ def _read_transition(data: Mapping[str, Any], where: str, previous: State | None
     else:
         raise SerializationError(f"{where}: missing field 'state'")
     raw = data.get("completion")
-    completion = (
-        None if raw is None else _read_completion(_field(data, "completion", dict, where), where)
-    )
+    completion = None
+    if raw is not None:
+        assert isinstance(state.actions, ActionPath)
+        completion = _read_completion(
+            _field(data, "completion", dict, where), where, state.actions.token_prefix()
+        )
     action = _read_action(_field(data, "action", dict, where), f"{where}.action")
     if completion is not None:
         action = replace(action, completion=completion)
+    tokens = _read_token_step(data.get("tokens"), f"{where}.tokens")
     return Transition(
         state=state,
         action=action,
         next_state=_read_state(
-            _field(data, "next_state", dict, where), f"{where}.next_state", state, action
+            _field(data, "next_state", dict, where), f"{where}.next_state", state, action, tokens
         ),
         reward=_number(data, "reward", where),
         completion=completion,
         info=_decode_mapping(data, "info", where),
+        tokens=tokens,
     )
 
 

@@ -27,6 +27,8 @@ __all__ = [
     "SamplingParams",
     "State",
     "StepResult",
+    "TokenRecord",
+    "TokenStep",
     "Trajectory",
     "Transition",
 ]
@@ -72,10 +74,29 @@ class HistoryStep:
 
     action: Action
     observation: Observation | None = None
+    # Token mode (not part of a step's identity): the ids the step added to the prompt, and
+    # the whole prompt at this step when it was templated here instead (see ActionPath).
+    tokens: TokenStep | None = field(default=None, compare=False, repr=False)
+    prefix: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
 
     @property
     def completion(self) -> Completion | None:
         return self.action.completion
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenStep:
+    """The prompt ids one step adds in token mode: the action's ids, then the observation turn's.
+
+    ``action_ids`` are the sampled completion ids exactly as the engine returned them
+    (``sampled=True``, loss mask 1) or a forced action templated as an assistant turn
+    (``sampled=False``, mask 0); ``observation_ids`` close the turn and template the next
+    user turn up to the generation prompt (mask 0). Only this step's delta is held.
+    """
+
+    action_ids: tuple[int, ...]
+    observation_ids: tuple[int, ...]
+    sampled: bool = True
 
 
 class ActionPath(Sequence[Action]):
@@ -87,20 +108,68 @@ class ActionPath(Sequence[Action]):
     one chain, never copies of the prefix. ``State.history`` is the step view of it.
     """
 
-    __slots__ = ("_action", "_initial", "_len", "_observation", "_parent")
+    __slots__ = ("_action", "_initial", "_len", "_observation", "_parent", "_prefix", "_tokens")
 
-    def __init__(self, initial: Observation | None = None) -> None:
+    def __init__(
+        self, initial: Observation | None = None, *, prefix: tuple[int, ...] | None = None
+    ) -> None:
         self._initial = initial
         self._parent: ActionPath | None = None
         self._action: Action | None = None
         self._observation: Observation | None = None
         self._len = 0
+        self._tokens: TokenStep | None = None
+        self._prefix = prefix
 
-    def append(self, action: Action, observation: Observation | None) -> ActionPath:
+    def append(
+        self, action: Action, observation: Observation | None, *, tokens: TokenStep | None = None
+    ) -> ActionPath:
         node = ActionPath.__new__(ActionPath)
         node._initial, node._parent, node._len = self._initial, self, self._len + 1
         node._action, node._observation = action, observation
+        node._tokens, node._prefix = tokens, None
         return node
+
+    def with_prefix(self, prefix: tuple[int, ...]) -> ActionPath:
+        """This node again (same parent, action, observation), carrying the whole prompt
+        ``prefix`` at this point: how a root, or a state whose steps lack token ids, gets
+        its token prefix (token mode)."""
+        if self._parent is None:
+            return ActionPath(self._initial, prefix=prefix)
+        assert self._action is not None
+        node = self._parent.append(self._action, self._observation, tokens=self._tokens)
+        node._prefix = prefix
+        return node
+
+    def with_tokens(self, tokens: TokenStep) -> ActionPath:
+        """This step node again (same parent, action, observation) carrying ``tokens``."""
+        assert self._parent is not None and self._action is not None
+        node = self._parent.append(self._action, self._observation, tokens=tokens)
+        node._prefix = self._prefix
+        return node
+
+    @property
+    def tokens(self) -> TokenStep | None:
+        """The token ids this step added to the prompt (token mode; None at the root)."""
+        return self._tokens
+
+    def token_prefix(self) -> tuple[int, ...] | None:
+        """The prompt ids the policy was sent at this point (token mode): the nearest stored
+        ``prefix`` plus every later step's delta; None when a step lacks its ids."""
+        deltas: list[TokenStep] = []
+        node: ActionPath | None = self
+        while node is not None and node._prefix is None:
+            if node._tokens is None:
+                return None
+            deltas.append(node._tokens)
+            node = node._parent
+        if node is None or node._prefix is None:
+            return None
+        ids = list(node._prefix)
+        for step in reversed(deltas):
+            ids += step.action_ids
+            ids += step.observation_ids
+        return tuple(ids)
 
     def _nodes(self) -> list[ActionPath]:
         """The non-root nodes, oldest first."""
@@ -174,11 +243,28 @@ class History(Sequence[HistoryStep]):
         self._path = path
 
     @classmethod
-    def of(cls, steps: Iterable[HistoryStep], initial: Observation | None) -> History:
-        path = ActionPath(initial)
+    def of(
+        cls,
+        steps: Iterable[HistoryStep],
+        initial: Observation | None,
+        *,
+        prefix: tuple[int, ...] | None = None,
+    ) -> History:
+        """A history of ``steps`` after ``initial`` (``prefix``: the root's start prompt)."""
+        path = ActionPath(initial, prefix=prefix)
         for step in steps:
-            path = path.append(step.action, step.observation)
+            path = path.append(step.action, step.observation, tokens=step.tokens)
+            if step.prefix is not None:
+                path = path.with_prefix(step.prefix)
         return cls(path)
+
+    @property
+    def prefix(self) -> tuple[int, ...] | None:
+        """The root's token prefix (token mode: the start prompt after reset)."""
+        node = self._path
+        while node._parent is not None:
+            node = node._parent
+        return node._prefix
 
     @property
     def path(self) -> ActionPath:
@@ -239,7 +325,9 @@ class History(Sequence[HistoryStep]):
 
 def _step(node: ActionPath) -> HistoryStep:
     assert node._action is not None
-    return HistoryStep(action=node._action, observation=node._observation)
+    return HistoryStep(
+        action=node._action, observation=node._observation, tokens=node._tokens, prefix=node._prefix
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -337,13 +425,19 @@ class StepResult:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Completion:
-    """One generated completion; token ids and logprobs are kept for RL."""
+    """One generated completion; token ids and logprobs are kept for RL.
+
+    ``tool_calls`` are the model's tool calls as the server returned them (OpenAI's
+    ``{"id", "type": "function", "function": {"name", "arguments"}}`` objects); the
+    runner copies them to ``Action.tool_calls`` for the environment.
+    """
 
     text: str
     token_ids: tuple[int, ...] = ()
     logprobs: tuple[float, ...] | None = None
     finish_reason: str | None = None
     prompt_token_ids: tuple[int, ...] = ()
+    tool_calls: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -356,6 +450,7 @@ class Transition:
     reward: float = 0.0
     completion: Completion | None = None
     info: Mapping[str, Any] = field(default_factory=_empty)
+    tokens: TokenStep | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -450,6 +545,72 @@ class Trajectory:
     def __len__(self) -> int:
         return len(self.transitions)
 
+    def token_record(self) -> TokenRecord | None:
+        """The trainer's view of a token-mode rollout (None when it was not run in token
+        mode): see ``TokenRecord``."""
+        return TokenRecord.of(self)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenRecord:
+    """One token-mode trajectory as a trainer reads it.
+
+    ``input_ids`` is the start prompt (the start state's token prefix, mask 0) followed,
+    per step, by the action's ids and, except after the last step, the observation turn's
+    ids: every prompt the engine was sent is a prefix of it. ``loss_mask`` is 1 exactly
+    on the ids sampled in this trajectory; ``logprobs`` has one entry per 1 in the mask,
+    in order (None when a sampled step has none); ``turns`` are the ``(start, end)``
+    spans of each step's action ids; turn t's prompt is ``input_ids[:turns[t][0]]``.
+    """
+
+    input_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    logprobs: tuple[float, ...] | None
+    turns: tuple[tuple[int, int], ...]
+    prompt_length: int
+
+    @classmethod
+    def of(cls, trajectory: Trajectory) -> TokenRecord | None:
+        actions = trajectory.initial_state.actions
+        assert type(actions) is ActionPath
+        prefix = actions.token_prefix()
+        steps = [t.tokens for t in trajectory.transitions]
+        if prefix is None or any(step is None for step in steps):
+            return None
+        ids, mask = list(prefix), [0] * len(prefix)
+        logprobs: list[float] | None = []
+        turns: list[tuple[int, int]] = []
+        last = len(steps) - 1
+        for i, (t, step) in enumerate(zip(trajectory.transitions, steps, strict=True)):
+            assert step is not None
+            start = len(ids)
+            ids += step.action_ids
+            mask += [int(step.sampled)] * len(step.action_ids)
+            turns.append((start, len(ids)))
+            if step.sampled and logprobs is not None:
+                lp = None if t.completion is None else t.completion.logprobs
+                if lp is None or len(lp) != len(step.action_ids):
+                    logprobs = None
+                else:
+                    logprobs += lp
+            if i != last:
+                ids += step.observation_ids
+                mask += [0] * len(step.observation_ids)
+        return cls(
+            input_ids=tuple(ids),
+            loss_mask=tuple(mask),
+            logprobs=None if logprobs is None else tuple(logprobs),
+            turns=tuple(turns),
+            prompt_length=len(prefix),
+        )
+
+    def dense_logprobs(self, fill: float = 0.0) -> tuple[float, ...] | None:
+        """``logprobs`` spread over ``input_ids`` (``fill`` where the mask is 0)."""
+        if self.logprobs is None:
+            return None
+        values = iter(self.logprobs)
+        return tuple(next(values) if m else fill for m in self.loss_mask)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SamplingParams:
@@ -486,8 +647,13 @@ class SamplingParams:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ChatMessage:
+    """One chat message; an assistant's ``tool_calls`` and a ``tool`` reply's
+    ``tool_call_id`` follow OpenAI's chat format."""
+
     role: Literal["system", "user", "assistant", "tool"]
     content: str
+    tool_calls: tuple[Any, ...] = ()
+    tool_call_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -498,6 +664,7 @@ class GenerationRequest:
     ``rollout_index`` is the rollout's input position (for scripted policies and logs).
     ``seed`` is this request's own sampling seed, derived by the runner from the run's
     base seed, the rollout's input index and the step (None: the engine's randomness).
+    ``tools`` are OpenAI-format tool definitions offered to the model (chat mode).
     """
 
     messages: tuple[ChatMessage, ...]
@@ -506,6 +673,7 @@ class GenerationRequest:
     step: int = 0
     task: int | str | None = None
     seed: int | None = None
+    tools: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .base import Backend
+from .base import Backend, TokenizerBackend
 from .scripted import ScriptedBackend
 
 if TYPE_CHECKING:
     from .openai import OpenAIBackend
     from .vllm import VLLMBackend
 
-__all__ = ["Backend", "OpenAIBackend", "ScriptedBackend", "VLLMBackend"]
+__all__ = ["Backend", "OpenAIBackend", "ScriptedBackend", "TokenizerBackend", "VLLMBackend"]
 
 
 def __getattr__(name: str) -> Any:

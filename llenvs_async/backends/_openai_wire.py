@@ -17,6 +17,7 @@ __all__ = [
     "MalformedResponse",
     "chat_payload",
     "completions_payload",
+    "message_dict",
     "parse_chat_response",
     "parse_completions_response",
     "render_plain_prompt",
@@ -55,6 +56,17 @@ def _sampling_fields(params: SamplingParams, seed: int | None) -> dict[str, Any]
     return fields
 
 
+def message_dict(message: ChatMessage) -> dict[str, Any]:
+    """A message in OpenAI's chat format (an assistant's ``tool_calls``, a tool reply's
+    ``tool_call_id``); also what a chat template receives."""
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        out["tool_calls"] = [dict(call) for call in message.tool_calls]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    return out
+
+
 def chat_payload(
     model: str,
     request: GenerationRequest,
@@ -66,9 +78,11 @@ def chat_payload(
     """Body of one ``POST /chat/completions`` (one conversation); ``extra_body`` wins."""
     payload: dict[str, Any] = {
         "model": model,
-        "messages": [{"role": m.role, "content": m.content} for m in request.messages],
+        "messages": [message_dict(m) for m in request.messages],
         **_sampling_fields(params, request.seed),
     }
+    if request.tools:
+        payload["tools"] = [dict(tool) for tool in request.tools]
     if params.logprobs is not None:
         payload["logprobs"] = True
         if params.logprobs > 0:
@@ -124,7 +138,23 @@ def parse_chat_response(data: Any) -> Completion:
         logprobs=logprobs,
         finish_reason=_finish_reason(choice),
         prompt_token_ids=_int_tuple(data.get("prompt_token_ids"), "prompt_token_ids"),
+        tool_calls=_tool_calls(message.get("tool_calls")),
     )
+
+
+def _tool_calls(value: Any) -> tuple[dict[str, Any], ...]:
+    """``message.tool_calls``: objects with a ``function`` holding a ``name`` (and arguments)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise MalformedResponse("choices[0].message.tool_calls is not a list")
+    for i, call in enumerate(value):
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            raise MalformedResponse(
+                f"choices[0].message.tool_calls[{i}] has no function with a name"
+            )
+    return tuple(dict(call) for call in value)
 
 
 def parse_completions_response(data: Any, n_prompts: int) -> list[Completion]:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from ..types import Completion, GenerationError, GenerationRequest, SamplingParams
 
-__all__ = ["Backend"]
+__all__ = ["Backend", "TokenizerBackend"]
 
 
 @runtime_checkable
@@ -23,3 +23,18 @@ class Backend(Protocol):
     ) -> Sequence[Completion | GenerationError]: ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class TokenizerBackend(Protocol):
+    """A backend that can serve token mode: it sends ``GenerationRequest.prompt_token_ids``
+    verbatim and tells the runner which tokenizer (and chat template) made them.
+
+    ``token_mode_error()`` is None when token mode works, else why not (checked by the
+    runner at construction); ``get_tokenizer()`` returns a Hugging Face-style tokenizer
+    (``apply_chat_template`` and ``encode``).
+    """
+
+    def token_mode_error(self) -> str | None: ...
+
+    async def get_tokenizer(self) -> Any: ...

@@ -58,7 +58,9 @@ class OpenAIBackend(AsyncResource):
     ``prompt_token_ids`` are ignored (the server templates the messages); in
     completions mode they are sent as the prompt, else ``prompt_renderer(messages)``
     (default ``render_plain_prompt``). A ``client`` passed in stays the caller's: it
-    is not closed by ``aclose``.
+    is not closed by ``aclose``. ``tokenizer`` (a tokenizer object, or a model directory
+    or name loaded with ``transformers.AutoTokenizer``) is the served model's: with it, a
+    completions-mode backend serves the runner's token mode.
     """
 
     def __init__(
@@ -77,6 +79,7 @@ class OpenAIBackend(AsyncResource):
         extra_body: Mapping[str, Any] | None = None,
         prompt_renderer: Callable[[Sequence[ChatMessage]], str] = render_plain_prompt,
         client: httpx.AsyncClient | None = None,
+        tokenizer: Any = None,
     ) -> None:
         if mode not in ("chat", "completions"):
             raise ValueError(f"OpenAIBackend mode must be 'chat' or 'completions', got {mode!r}")
@@ -110,6 +113,8 @@ class OpenAIBackend(AsyncResource):
         self._semaphore = asyncio.Semaphore(max_concurrency)
         self._sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
         self._random = random.Random()
+        self._tokenizer = tokenizer
+        self._tokenizer_lock = asyncio.Lock()
         self._closed = False
 
     def __repr__(self) -> str:
@@ -253,6 +258,30 @@ class OpenAIBackend(AsyncResource):
         ceiling = min(self.max_backoff, self.backoff * 2.0**attempt)
         return ceiling / 2 + self._random.uniform(0, ceiling / 2)
 
+    def token_mode_error(self) -> str | None:
+        """Why this backend cannot serve token mode (None when it can)."""
+        if self.mode != "completions":
+            return (
+                f"OpenAIBackend in mode={self.mode!r} lets the server template the messages: "
+                "token mode needs mode='completions'"
+            )
+        if self._tokenizer is None:
+            return (
+                "OpenAIBackend has no tokenizer: pass tokenizer= (the served model's "
+                "tokenizer, or its model directory) for token mode"
+            )
+        return None
+
+    async def get_tokenizer(self) -> Any:
+        """The served model's tokenizer (a directory or name is loaded once, off the loop)."""
+        problem = self.token_mode_error()
+        if problem is not None:
+            raise BackendError(problem)
+        async with self._tokenizer_lock:
+            if isinstance(self._tokenizer, str | os.PathLike):
+                self._tokenizer = await asyncio.to_thread(_load_tokenizer, self._tokenizer)
+        return self._tokenizer
+
     @property
     def closed(self) -> bool:
         return self._closed
@@ -264,6 +293,23 @@ class OpenAIBackend(AsyncResource):
         self._closed = True
         if self._owns_client:
             await self._client.aclose()
+
+
+def _load_tokenizer(source: str | os.PathLike[str]) -> Any:
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as exc:
+        raise BackendError(
+            f"OpenAIBackend(tokenizer={str(source)!r}) needs transformers to load it "
+            f"(pip install transformers), or pass a tokenizer object: {exc}"
+        ) from exc
+    try:
+        return AutoTokenizer.from_pretrained(os.fspath(source))
+    except Exception as exc:
+        raise BackendError(
+            f"OpenAIBackend could not load the tokenizer {str(source)!r}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def _is_rejection(exc: BackendError) -> bool:

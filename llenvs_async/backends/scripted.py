@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from .._resource import AsyncResource
 from ..errors import BackendError, ClosedError
@@ -20,14 +21,17 @@ class ScriptedBackend(AsyncResource):
     and may return a string or a full ``Completion``.
 
     Async policies for one batch run concurrently, as a real engine would batch them.
+    With a ``tokenizer`` it serves token mode (the policy then reads
+    ``request.prompt_token_ids`` and returns a ``Completion`` with ``token_ids``).
     """
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, *, tokenizer: Any = None) -> None:
         if not callable(policy):
             raise TypeError(
                 f"ScriptedBackend(policy) needs a callable, got {type(policy).__name__}"
             )
         self._policy = policy
+        self._tokenizer = tokenizer
         self._closed = False
         self.calls = 0
 
@@ -48,6 +52,17 @@ class ScriptedBackend(AsyncResource):
                 raise group.exceptions[0] from None
             results = [t.result() for t in tasks]
         return [_to_completion(r) for r in results]
+
+    def token_mode_error(self) -> str | None:
+        if self._tokenizer is None:
+            return "ScriptedBackend has no tokenizer: pass ScriptedBackend(policy, tokenizer=...)"
+        return None
+
+    async def get_tokenizer(self) -> Any:
+        problem = self.token_mode_error()
+        if problem is not None:
+            raise BackendError(problem)
+        return self._tokenizer
 
     @property
     def closed(self) -> bool:

@@ -22,6 +22,7 @@ from .._shield import shielded
 from ..errors import BackendError, ClosedError
 from ..types import Completion, GenerationError, GenerationRequest, SamplingParams
 from ._concurrency import gather_in_order
+from ._openai_wire import message_dict
 from ._outcomes import request_error
 from ._vllm_compat import (
     build_engine,
@@ -120,11 +121,12 @@ class VLLMBackend(AsyncResource):
     async def _prompt_token_ids(self, index: int, request: GenerationRequest) -> list[int]:
         if request.prompt_token_ids is not None:
             return list(request.prompt_token_ids)
-        tokenizer = await self._get_tokenizer()
-        conversation = [{"role": m.role, "content": m.content} for m in request.messages]
+        tokenizer = await self.get_tokenizer()
+        conversation = [message_dict(m) for m in request.messages]
+        tools = {"tools": [dict(t) for t in request.tools]} if request.tools else {}
         try:
             text = tokenizer.apply_chat_template(
-                conversation, tokenize=False, add_generation_prompt=True
+                conversation, tokenize=False, add_generation_prompt=True, **tools
             )
             # The template already holds the special tokens (BOS...): do not add them twice.
             return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
@@ -134,8 +136,13 @@ class VLLMBackend(AsyncResource):
                 f"{type(exc).__name__}: {exc}"
             ) from exc
 
-    async def _get_tokenizer(self) -> Any:
-        """The engine's tokenizer; ``get_tokenizer()`` is async in vLLM 0.11, sync later."""
+    def token_mode_error(self) -> str | None:
+        """Token mode always works here: token prompts go to the engine as they are."""
+        return None
+
+    async def get_tokenizer(self) -> Any:
+        """The engine's tokenizer (or ``tokenizer``); the engine's ``get_tokenizer()`` is
+        async in vLLM 0.11, sync later."""
         if self._tokenizer is None:
             tokenizer = self._engine.get_tokenizer()
             if inspect.isawaitable(tokenizer):

@@ -17,6 +17,7 @@ from ..errors import LlenvsError
 from ._common import CliError
 from .bench import bench as bench_command
 from .docker import cleanup, images_app
+from .export import export
 from .qvalues import q_values
 from .replay import validate_replay
 from .run import run as run_command
@@ -35,6 +36,7 @@ app.command("run")(run_command)
 app.command("q-values")(q_values)
 app.command("validate-replay")(validate_replay)
 app.command("cleanup")(cleanup)
+app.command("export")(export)
 app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
     bench_command
 )

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from ..backends.base import Backend
 from ..env import EnvFactory, Environment, RestoreFn
 from ..types import SamplingParams
 from ._rollout import PromptBuilder
+
+if TYPE_CHECKING:
+    from ._tokens import TokenPrompts
 
 __all__ = ["RunConfig", "RunnerStats"]
 
@@ -52,6 +57,8 @@ class RunConfig:
     restore_timeout: float | None
     close_timeout: float
     stats: RunnerStats
+    tokens: TokenPrompts | None = None  # token mode
+    tools: tuple[Mapping[str, Any], ...] = ()  # offered to the model on every request
 
     @property
     def multi_instance(self) -> bool:

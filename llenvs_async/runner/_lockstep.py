@@ -14,6 +14,7 @@ from ._config import RunConfig
 from ._instances import Closer, prepare, prepare_one
 from ._rollout import Rollout, RolloutInput, is_programming_error
 from ._slots import Slots
+from ._tokens import token_mismatch
 
 __all__ = ["Schedule", "run_rollouts"]
 
@@ -212,7 +213,10 @@ async def _unwrapped(work: Awaitable[None]) -> None:
 
 async def _round(active: Sequence[Rollout], cfg: RunConfig, closer: Closer) -> None:
     cfg.stats.rounds += 1
-    needing = [r for r in active if r.pending_action is None]
+    if cfg.tokens is not None:  # token mode: start prompts of rollouts that just joined
+        for rollout in await cfg.tokens.start(active, cfg.system_prompt):
+            closer.close(rollout)
+    needing = [r for r in active if r.pending_action is None and not r.finished]
     if needing:
         await _generate(needing, cfg)
     stepping = [r for r in active if not r.finished]
@@ -223,6 +227,11 @@ async def _round(active: Sequence[Rollout], cfg: RunConfig, closer: Closer) -> N
                 tg.create_task(_step(rollout, cfg, closer))
     except BaseExceptionGroup as group:
         raise _first(group) from None
+    if cfg.tokens is not None:  # one batch for the round's new observation turns
+        await cfg.tokens.extend(stepping)
+        for rollout in stepping:
+            if rollout.finished:  # a failed observation turn (idempotent otherwise)
+                closer.close(rollout)
 
 
 async def _generate(rollouts: Sequence[Rollout], cfg: RunConfig) -> None:
@@ -231,7 +240,7 @@ async def _generate(rollouts: Sequence[Rollout], cfg: RunConfig) -> None:
     stops) that rollout alone.
     """
     base_seed = cfg.sampling_params.seed
-    requests = [r.request(cfg.prompt_builder, base_seed) for r in rollouts]
+    requests = [r.request(cfg.prompt_builder, base_seed, cfg.tools) for r in rollouts]
     cfg.stats.generate_calls += 1
     try:
         completions = await cfg.backend.generate(requests, cfg.sampling_params)
@@ -245,14 +254,19 @@ async def _generate(rollouts: Sequence[Rollout], cfg: RunConfig) -> None:
         for rollout in rollouts:
             rollout.fail(exc, "generate")
         return
-    for rollout, completion in zip(rollouts, completions, strict=True):
+    for rollout, request, completion in zip(rollouts, requests, completions, strict=True):
         if isinstance(completion, GenerationError):
             if isinstance(completion.error, ContextLengthError):
                 rollout.stop_reason = "context_length"
             else:
                 rollout.fail(completion.error, "generate")
             continue
-        rollout.pending_action = Action(text=completion.text, completion=completion)
+        if cfg.tokens is not None and (mismatch := token_mismatch(completion, request)):
+            rollout.fail(mismatch, "generate")
+            continue
+        rollout.pending_action = Action(
+            text=completion.text, tool_calls=completion.tool_calls, completion=completion
+        )
         rollout.pending_completion = completion
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ..env import Environment, new_episode_id
 from ..errors import EnvError
@@ -81,9 +82,21 @@ def conversation(state: State) -> list[ChatMessage]:
     messages = [ChatMessage(role="user", content=history.initial.text)]
     for step in history:
         assert step.observation is not None
-        messages.append(ChatMessage(role="assistant", content=step.action.text))
-        messages.append(ChatMessage(role="user", content=step.observation.text))
+        messages.append(assistant_message(step.action))
+        messages.append(observation_message(step.observation))
     return messages
+
+
+def assistant_message(action: Action) -> ChatMessage:
+    return ChatMessage(role="assistant", content=action.text, tool_calls=action.tool_calls)
+
+
+def observation_message(observation: Observation) -> ChatMessage:
+    """``user``, or a ``tool`` reply when the observation's data names a ``tool_call_id``."""
+    call_id = observation.data.get("tool_call_id")
+    if isinstance(call_id, str):
+        return ChatMessage(role="tool", content=observation.text, tool_call_id=call_id)
+    return ChatMessage(role="user", content=observation.text)
 
 
 def with_saved_history(restored: State, saved: State) -> State:
@@ -125,6 +138,9 @@ class Rollout:
     error: ErrorInfo | None = None
     stop_reason: StopReason = "unfinished"
     episode_id: str = field(default_factory=new_episode_id)
+    # Token mode: the prompt the next request sends, and a forced first action's ids.
+    prompt_ids: tuple[int, ...] | None = None
+    forced_ids: tuple[int, ...] | None = None
 
     @property
     def finished(self) -> bool:
@@ -158,7 +174,12 @@ class Rollout:
             return
         self.check_stop(env_max_steps)
 
-    def request(self, builder: PromptBuilder | None, base_seed: int | None) -> GenerationRequest:
+    def request(
+        self,
+        builder: PromptBuilder | None,
+        base_seed: int | None,
+        tools: tuple[Mapping[str, Any], ...] = (),
+    ) -> GenerationRequest:
         assert self.state is not None and self.initial_state is not None
         if builder is None:
             messages = tuple(self.messages)
@@ -166,10 +187,12 @@ class Rollout:
             messages = tuple(builder(self.initial_state, tuple(self.transitions)))
         return GenerationRequest(
             messages=messages,
+            prompt_token_ids=self.prompt_ids,
             rollout_index=self.spec.index,
             step=self.state.step,
             task=self.state.task,
             seed=request_seed(base_seed, self.spec.index, self.state.step),
+            tools=tools,
         )
 
     def record(
@@ -178,8 +201,8 @@ class Rollout:
         """Append a step; ``ended``/``cut`` are the StepResult's terminated/truncated flags."""
         self.transitions.append(transition)
         self.state = transition.next_state
-        self.messages.append(ChatMessage(role="assistant", content=transition.action.text))
-        self.messages.append(ChatMessage(role="user", content=self.state.observation.text))
+        self.messages.append(assistant_message(transition.action))
+        self.messages.append(observation_message(self.state.observation))
         if self.steps_left is not None:
             self.steps_left -= 1
         self.check_stop(env_max_steps, ended=ended, cut=cut)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
 from .._resource import AsyncResource
@@ -17,6 +17,7 @@ from ._config import RunConfig, RunnerStats
 from ._lockstep import Schedule, run_rollouts
 from ._rollout import PromptBuilder, RolloutInput
 from ._slots import Slots
+from ._tokens import TokenPrompts, check_token_backend
 
 __all__ = ["TrajectoryRunner"]
 
@@ -33,6 +34,12 @@ class TrajectoryRunner(AsyncResource):
     The runner does not own ``environment`` or ``backend``. Used as an async context
     manager (or via ``aclose()``) it closes what it does own: a ``restore_fn`` that
     holds resources (e.g. snapshot images) and has an ``aclose``.
+
+    ``token_mode=True`` keeps each rollout's prompt as token ids (see ``runner._tokens``):
+    next prompt = previous prompt + sampled ids + templated observation turn, sent as
+    ``prompt_token_ids``; ``chat_template_kwargs`` go to the tokenizer's chat template.
+    ``tools`` (OpenAI-format tool definitions) go on every request; a completion's tool
+    calls become ``Action.tool_calls``.
     """
 
     def __init__(
@@ -51,6 +58,9 @@ class TrajectoryRunner(AsyncResource):
         prompt_builder: PromptBuilder | None = None,
         schedule: Schedule = "refill",
         instance_limit: int | None = None,
+        token_mode: bool = False,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        tools: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         if not hasattr(environment, "step") or not hasattr(environment, "reset"):
             raise TypeError(
@@ -67,6 +77,19 @@ class TrajectoryRunner(AsyncResource):
         _check_positive("close_timeout", close_timeout)
         _check_schedule(schedule)
         _check_positive("instance_limit", instance_limit)
+        self.tools = _check_tools(tools)
+        self.tokens: TokenPrompts | None = None
+        if token_mode:
+            if prompt_builder is not None:
+                raise ValueError(
+                    "token_mode=True keeps prompts as token ids; a prompt_builder (messages) "
+                    "cannot be combined with it"
+                )
+            self.tokens = TokenPrompts(
+                check_token_backend(backend), chat_template_kwargs or {}, self.tools
+            )
+        elif chat_template_kwargs:
+            raise ValueError("chat_template_kwargs is used by token_mode=True only")
         self.environment = environment
         self.backend = backend
         self.sampling_params = sampling_params or SamplingParams()
@@ -234,6 +257,8 @@ class TrajectoryRunner(AsyncResource):
             restore_timeout=self.restore_timeout,
             close_timeout=self.close_timeout,
             stats=self.stats,
+            tokens=self.tokens,
+            tools=self.tools,
         )
 
 
@@ -248,6 +273,19 @@ def _attach_finished(exc: BaseException, done: list[Trajectory], total: int) -> 
             f"llenvs_async: {len(done)} of {total} rollouts had finished; their trajectories "
             "are on this exception's `finished_trajectories`"
         )
+
+
+def _check_tools(tools: Sequence[Mapping[str, Any]]) -> tuple[Mapping[str, Any], ...]:
+    if isinstance(tools, Mapping | str) or not isinstance(tools, Sequence):
+        raise TypeError(f"tools must be a sequence of tool definitions, got {tools!r:.80}")
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            raise ValueError(
+                f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., "
+                f"'parameters': ...}}}}, got {tool!r:.80}"
+            )
+    return tuple(tools)
 
 
 def _check_schedule(schedule: Any) -> Schedule:

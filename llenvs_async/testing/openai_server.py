@@ -30,8 +30,10 @@ __all__ = [
     "serve_openai_compatible",
 ]
 
-ServerPolicy = Callable[[Any], str]
-"""Gets the chat ``messages`` list or one completions ``prompt`` (str or token ids)."""
+ServerPolicy = Callable[[Any], "str | Mapping[str, Any]"]
+"""Gets the chat ``messages`` list or one completions ``prompt`` (str or token ids).
+
+For a chat it may return ``{"content": ..., "tool_calls": [...]}`` to call tools."""
 
 _TOKEN_BASE = 1000
 _MAX_BODY = 16 * 1024 * 1024
@@ -268,6 +270,9 @@ class OpenAITestServer:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
                 return 400, _error(400, "'messages' must be a non-empty list")
+            problem = _chat_schema_error(messages, body.get("tools"))
+            if problem is not None:
+                return 400, _error(400, problem)
             too_long = self._context_error([fake_token_ids(_render_chat(messages))])
             return too_long or (200, self._chat(body, messages))
         prompt = body.get("prompt")
@@ -295,13 +300,19 @@ class OpenAITestServer:
         rendered = _render_chat(messages)
         choices = []
         for j in range(int(body.get("n") or 1)):
-            text, ids, finish = _sample(self.policy(messages), body)
+            answer = self.policy(messages)
+            calls = answer.get("tool_calls") if isinstance(answer, Mapping) else None
+            said = str(answer.get("content") or "") if isinstance(answer, Mapping) else answer
+            text, ids, finish = _sample(said, body)
             choice: dict[str, Any] = {
                 "index": j,
                 "message": {"role": "assistant", "content": text},
                 "logprobs": None,
                 "finish_reason": finish,
             }
+            if calls:
+                choice["message"]["tool_calls"] = list(calls)
+                choice["finish_reason"] = "tool_calls"
             if body.get("logprobs"):
                 content = [{"token": _detokenize([t]), "logprob": fake_logprob(t)} for t in ids]
                 choice["logprobs"] = {"content": content}
@@ -323,7 +334,7 @@ class OpenAITestServer:
         for i, prompt in enumerate(prompts):
             prompt_ids = prompt if isinstance(prompt, list) else fake_token_ids(prompt)
             for j in range(n):
-                text, ids, finish = _sample(self.policy(prompt), body)
+                text, ids, finish = _sample(str(self.policy(prompt)), body)
                 choice: dict[str, Any] = {
                     "index": i * n + j,
                     "text": text,
@@ -382,6 +393,45 @@ def _sample(text: str, body: Mapping[str, Any]) -> tuple[str, list[int], str]:
     if len(text) > max_tokens:
         text, finish = text[:max_tokens], "length"
     return text, fake_token_ids(text), finish
+
+
+def _chat_schema_error(messages: list[Any], tools: Any) -> str | None:
+    """What OpenAI's (and vLLM's) chat schema rejects in messages and tool definitions."""
+    if tools is not None:
+        if not isinstance(tools, list):
+            return "'tools' must be a list"
+        for i, tool in enumerate(tools):
+            function = tool.get("function") if isinstance(tool, Mapping) else None
+            if tool.get("type") != "function" or not isinstance(function, Mapping):
+                return f"tools[{i}] must be {{'type': 'function', 'function': {{...}}}}"
+            if not isinstance(function.get("name"), str):
+                return f"tools[{i}].function.name is required"
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping) or message.get("role") not in _ROLES:
+            return f"messages[{i}] needs a role among {sorted(_ROLES)}"
+        if message["role"] == "tool" and not isinstance(message.get("tool_call_id"), str):
+            return f"messages[{i}]: a tool message needs a tool_call_id"
+        calls = message.get("tool_calls")
+        if calls is not None:
+            if message["role"] != "assistant" or not isinstance(calls, list):
+                return f"messages[{i}].tool_calls: only an assistant has a list of tool calls"
+            for j, call in enumerate(calls):
+                function = call.get("function") if isinstance(call, Mapping) else None
+                if (
+                    not isinstance(call.get("id"), str)
+                    or call.get("type") != "function"
+                    or not isinstance(function, Mapping)
+                    or not isinstance(function.get("name"), str)
+                    or not isinstance(function.get("arguments"), str)
+                ):
+                    return (
+                        f"messages[{i}].tool_calls[{j}] needs id, type 'function' and "
+                        "function.name / function.arguments (a JSON string)"
+                    )
+    return None
+
+
+_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 
 
 def _render_chat(messages: list[Any]) -> str:

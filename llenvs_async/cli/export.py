@@ -1,0 +1,157 @@
+"""``llenvs-async export``: token-mode trajectories as a trainer's table (Parquet or HF dataset).
+
+One row per trajectory: its token record (``input_ids``, ``loss_mask``, ``logprobs`` with
+one entry per 1 in the mask, ``turns`` as ``[start, end]`` action spans,
+``prompt_length``), per-step ``rewards``, ``total_reward``, ``task``, ``stop_reason`` and
+``error`` (``"Type: message"`` or null: a failed rollout is a row, never dropped).
+``--format parquet`` writes ``DIR/trajectories.parquet`` (``datasets.load_dataset(
+"parquet", data_dir=DIR)`` reads it); ``--format hf`` writes ``Dataset.save_to_disk(DIR)``.
+Needs the ``export`` extra (pyarrow, datasets).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ..serialization import SerializationError, from_dict, read_jsonl
+from ..types import Trajectory
+from ._common import CliError, console
+
+__all__ = ["ExportFormat", "export", "export_rows", "row", "write_rows"]
+
+PARQUET_FILE = "trajectories.parquet"
+
+
+class ExportFormat(StrEnum):
+    parquet = "parquet"
+    hf = "hf"
+
+
+def row(trajectory: Trajectory, *, rollout: int | None = None) -> dict[str, Any] | None:
+    """A trajectory as one export row (None when it was not run in token mode)."""
+    record = trajectory.token_record()
+    if record is None:
+        return None
+    task = trajectory.initial_state.task
+    error = trajectory.error
+    return {
+        "episode_id": trajectory.episode_id,
+        "index": trajectory.index,
+        "rollout": rollout,
+        "task": None if task is None else str(task),
+        "input_ids": list(record.input_ids),
+        "loss_mask": list(record.loss_mask),
+        "logprobs": None if record.logprobs is None else list(record.logprobs),
+        "turns": [list(span) for span in record.turns],
+        "prompt_length": record.prompt_length,
+        "rewards": [float(t.reward) for t in trajectory.transitions],
+        "total_reward": float(trajectory.total_reward),
+        "num_steps": len(trajectory),
+        "stop_reason": trajectory.stop_reason,
+        "success": trajectory.success,
+        "error": None if error is None else f"{error.type}: {error.message}",
+    }
+
+
+def export_rows(path: Path, *, skip_missing: bool = False) -> tuple[list[dict[str, Any]], int]:
+    """The rows of a JSONL file of trajectories (``run`` results or ``write_trajectory``
+    records) and how many were skipped for lacking token ids."""
+    if not path.is_file():
+        raise CliError(f"results file {str(path)!r} does not exist")
+    rows: list[dict[str, Any]] = []
+    skipped = 0
+    try:
+        records = read_jsonl(path)
+        for number, record in enumerate(records, start=1):
+            data = record.get("trajectory")
+            if not isinstance(data, dict):
+                raise CliError(f"{path}: record {number} has no 'trajectory' object", code=1)
+            trajectory = from_dict(Trajectory, data)
+            key = record.get("key")
+            rollout = key.get("rollout") if isinstance(key, dict) else None
+            out = row(trajectory, rollout=rollout if isinstance(rollout, int) else None)
+            if out is None:
+                if not skip_missing:
+                    raise CliError(
+                        f"{path}: record {number} (episode {trajectory.episode_id!r}) has no "
+                        "token ids: run it with token_mode=True, or pass --skip-missing",
+                        code=1,
+                    )
+                skipped += 1
+                continue
+            rows.append(out)
+    except SerializationError as exc:
+        raise CliError(f"{path}: {exc}", code=1) from None
+    return rows, skipped
+
+
+def _schema() -> Any:
+    import pyarrow as pa
+
+    ids = pa.list_(pa.int64())
+    return pa.schema(
+        [
+            ("episode_id", pa.string()),
+            ("index", pa.int64()),
+            ("rollout", pa.int64()),
+            ("task", pa.string()),
+            ("input_ids", ids),
+            ("loss_mask", pa.list_(pa.int8())),
+            ("logprobs", pa.list_(pa.float64())),
+            ("turns", pa.list_(ids)),
+            ("prompt_length", pa.int64()),
+            ("rewards", pa.list_(pa.float64())),
+            ("total_reward", pa.float64()),
+            ("num_steps", pa.int64()),
+            ("stop_reason", pa.string()),
+            ("success", pa.bool_()),
+            ("error", pa.string()),
+        ]
+    )
+
+
+def write_rows(rows: Sequence[dict[str, Any]], out: Path, fmt: ExportFormat) -> Path:
+    """Write ``rows`` under ``out`` (created); returns the file or directory written."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise CliError(f"export needs pyarrow: pip install 'llenvs-async[export]' ({exc})") from exc
+    table = pa.Table.from_pylist(list(rows), schema=_schema())
+    out.mkdir(parents=True, exist_ok=True)
+    if fmt is ExportFormat.parquet:
+        target = out / PARQUET_FILE
+        pq.write_table(table, target)
+        return target
+    try:
+        import datasets
+    except ImportError as exc:
+        raise CliError(
+            f"--format hf needs datasets: pip install 'llenvs-async[export]' ({exc})"
+        ) from exc
+    datasets.Dataset(table).save_to_disk(str(out))
+    return out
+
+
+def export(
+    results: Annotated[Path, typer.Argument(help="JSONL of trajectories (e.g. run's results).")],
+    out: Annotated[Path, typer.Option("--output", "-o", help="Directory to write.")],
+    fmt: Annotated[
+        ExportFormat, typer.Option("--format", "-f", help="parquet or hf (save_to_disk).")
+    ] = ExportFormat.parquet,
+    skip_missing: Annotated[
+        bool, typer.Option("--skip-missing", help="Skip trajectories without token ids.")
+    ] = False,
+) -> None:
+    """Export token-mode trajectories (input_ids, loss_mask, logprobs, rewards) for training."""
+    rows, skipped = export_rows(results, skip_missing=skip_missing)
+    if not rows:
+        raise CliError(f"{results}: no token-mode trajectories to export", code=1)
+    target = write_rows(rows, out, fmt)
+    note = f" ({skipped} without token ids skipped)" if skipped else ""
+    console.print(f"exported {len(rows)} trajectories to {target}{note}", markup=False)
