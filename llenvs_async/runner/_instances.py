@@ -55,6 +55,7 @@ async def _prepare_one(
                 rollout.env = cfg.environment
             env = rollout.env
             assert env is not None
+            rollout.note_env(env)
             if spec.state is None:
                 phase = "reset"
                 state = await env.reset(spec.task, seed=spec.seed)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..env import Environment, new_episode_id
 from ..errors import EnvError
@@ -53,9 +54,7 @@ def request_seed(base_seed: int | None, rollout_index: int, step: int) -> int | 
     """
     if base_seed is None:
         return None
-    digest = hashlib.blake2b(
-        f"{base_seed}:{rollout_index}:{step}".encode(), digest_size=8
-    ).digest()
+    digest = hashlib.blake2b(f"{base_seed}:{rollout_index}:{step}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") & 0x7FFF_FFFF_FFFF_FFFF  # fits a signed int64
 
 
@@ -87,10 +86,17 @@ class Rollout:
     error: ErrorInfo | None = None
     stop_reason: StopReason = "unfinished"
     episode_id: str = field(default_factory=new_episode_id)
+    info: dict[str, Any] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
         return self.stop_reason != "unfinished"
+
+    def note_env(self, env: Environment) -> None:
+        """Record where the instance runs (a remote one's ``node_id``) in the trajectory's info."""
+        node = getattr(env, "node_id", None)
+        if node is not None:
+            self.info["node_id"] = node
 
     def start(
         self,
@@ -175,4 +181,5 @@ class Rollout:
             error=self.error,
             index=self.spec.index,
             stop_reason=self.stop_reason,
+            info=dict(self.info),
         )
