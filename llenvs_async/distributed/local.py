@@ -46,6 +46,7 @@ def free_port() -> int:
 class _Node:
     index: int
     pgid: int
+    node_manager_port: int
 
 
 class LocalRayCluster:
@@ -135,7 +136,9 @@ class LocalRayCluster:
                 stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
             )  # fmt: skip
             # Registered before waiting: a start that hangs is still stopped.
-            self._nodes.append(_Node(index=index, pgid=proc.pid))
+            self._nodes.append(
+                _Node(index=index, pgid=proc.pid, node_manager_port=ports["--node-manager-port"])
+            )
             try:
                 code = proc.wait(timeout=_START_TIMEOUT)
             except subprocess.TimeoutExpired:
@@ -147,26 +150,29 @@ class LocalRayCluster:
                 exit_code=code,
             )
 
+    def add_node(self) -> int:
+        """Start one more worker node; returns its index."""
+        index = max(n.index for n in self._nodes) + 1
+        self.num_nodes += 1
+        self._start_node(index)
+        return index
+
+    def node_manager_port(self, node: int) -> int:
+        """The raylet port of node ``node`` (``NodeManagerPort`` in ``ray.nodes()``)."""
+        (target,) = (n for n in self._nodes if n.index == node)
+        return target.node_manager_port
+
     def pids(self, node: int | None = None) -> set[int]:
-        """The live processes of every node (or of node ``node``): its process group."""
-        groups = {n.pgid for n in self._nodes if node is None or n.index == node}
-        found: set[int] = set()
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                if os.getpgid(int(entry.name)) in groups:
-                    found.add(int(entry.name))
-            except (ProcessLookupError, PermissionError):
-                continue
-        return found
+        """The live (not zombie) processes of every node, or of node ``node``: its process
+        group and their descendants (Ray puts each worker in a process group of its own)."""
+        return _members({n.pgid for n in self._nodes if node is None or n.index == node})
 
     def kill_node(self, node: int) -> None:
         """SIGKILL every process of worker node ``node`` (a node dying, not a clean stop)."""
         if node == 0:
             raise ValueError("kill_node kills a worker node; node 0 is the head")
         (target,) = (n for n in self._nodes if n.index == node)
-        _signal_group(target.pgid, signal.SIGKILL)
+        _kill_all(_members({target.pgid}), signal.SIGKILL)
 
     def remote_connections(self) -> list[str]:
         """``ss`` lines of TCP connections of this cluster's processes whose peer is not
@@ -185,17 +191,15 @@ class LocalRayCluster:
                 bad.append(line)
         return bad
 
-    def stop(self, timeout: float = 20.0) -> None:
-        """End every process this cluster started (SIGTERM, then SIGKILL); idempotent."""
-        nodes, self._nodes = self._nodes, []
-        for node in reversed(nodes):
-            _signal_group(node.pgid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        groups = {n.pgid for n in nodes}
-        while _alive(groups) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        for pgid in groups:
-            _signal_group(pgid, signal.SIGKILL)
+    def stop(self, grace: float = 3.0) -> None:
+        """End every process this cluster started: SIGTERM, ``grace`` seconds, then SIGKILL
+        (raylet and GCS can wait on each other when stopped together); idempotent."""
+        groups = {n.pgid for n in self._nodes}  # kept: ``pids()`` still finds stragglers
+        pids = _members(groups)  # before the raylets go: their workers are re-parented then
+        _kill_all(pids, signal.SIGTERM)
+        _wait_gone(pids, grace)
+        _kill_all(_members(groups) | pids, signal.SIGKILL)
+        _wait_gone(pids, 10.0)
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
@@ -213,22 +217,49 @@ class LocalRayCluster:
         self.stop()
 
 
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
+def _kill_all(pids: set[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _wait_gone(pids: set[int], limit: float) -> None:
+    deadline = time.monotonic() + limit
+    while _alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _stat(pid: str) -> list[str] | None:
     try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
 
 
-def _alive(groups: set[int]) -> bool:
-    """Whether any non-zombie process is left in ``groups``."""
+def _alive(pids: set[int]) -> set[int]:
+    """Those of ``pids`` that still run (not zombies)."""
+    return {p for p in pids if (st := _stat(str(p))) is not None and st[0] != "Z"}
+
+
+def _members(groups: set[int]) -> set[int]:
+    """Live processes whose process group is in ``groups``, and all their descendants."""
+    parent: dict[int, int] = {}
+    found: set[int] = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
-        try:
-            stat = (entry / "stat").read_text().rpartition(")")[2].split()
-        except OSError:
+        st = _stat(entry.name)
+        if st is None or len(st) < 3 or st[0] == "Z":
             continue
-        if len(stat) > 2 and stat[0] != "Z" and int(stat[2]) in groups:
-            return True
-    return False
+        pid = int(entry.name)
+        parent[pid] = int(st[1])
+        if int(st[2]) in groups:
+            found.add(pid)
+    grew = True
+    while grew:
+        more = {pid for pid, ppid in parent.items() if ppid in found and pid not in found}
+        found |= more
+        grew = bool(more)
+    return found
