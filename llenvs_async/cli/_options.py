@@ -19,6 +19,7 @@ __all__ = [
     "ModelOpt",
     "NConcurrentOpt",
     "QuietOpt",
+    "RayAddressOpt",
     "SeedOpt",
     "TemperatureOpt",
     "backend_options",
@@ -49,6 +50,14 @@ SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the scripted polic
 TemperatureOpt = Annotated[float, typer.Option("--temperature", help="Sampling temperature.")]
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", help="Tokens per generated action.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No live progress display.")]
+RayAddressOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--ray-address",
+        envvar="RAY_ADDRESS",
+        help="Run each instance in a Ray actor on this cluster (host:port); needs [ray].",
+    ),
+]
 
 
 def backend_options(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .errors import InstanceLostError, PlacementTimeoutError, RemoteEnvError
+from .errors import InstanceLostError, PlacementTimeoutError, RayConnectError, RemoteEnvError
 from .local import LocalRayCluster
 
 if TYPE_CHECKING:
@@ -28,6 +28,7 @@ __all__ = [
     "LocalRayCluster",
     "Placement",
     "PlacementTimeoutError",
+    "RayConnectError",
     "RayEnvFactory",
     "RayEnvironment",
     "RemoteEnvError",

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-from ..errors import EnvError
+from ..errors import EnvError, LlenvsError
 
-__all__ = ["InstanceLostError", "PlacementTimeoutError", "RemoteEnvError"]
+__all__ = ["InstanceLostError", "PlacementTimeoutError", "RayConnectError", "RemoteEnvError"]
+
+
+class RayConnectError(LlenvsError):
+    """The driver could not connect to the Ray cluster at ``address``."""
+
+    def __init__(self, message: str, *, address: str | None = None) -> None:
+        super().__init__(message, address=address)
+        self.address = address
 
 
 class RemoteEnvError(EnvError):

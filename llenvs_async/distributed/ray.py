@@ -32,12 +32,13 @@ from ..env import Environment, RestoreFn
 from ..errors import ClosedError, LlenvsError
 from ..types import Action, State, StepResult
 from ._loopback import is_loopback, keep_loopback
-from .errors import InstanceLostError, PlacementTimeoutError, RemoteEnvError
+from .errors import InstanceLostError, PlacementTimeoutError, RayConnectError, RemoteEnvError
 
 __all__ = [
     "DEFAULT_RESOURCES",
     "Placement",
     "RayEnvFactory",
+    "RayConnectError",
     "RayEnvironment",
     "connect",
     "ray_env_factory",
@@ -484,15 +485,26 @@ def remote_restore(restore_fn: RestoreFn) -> RestoreFn:
 
 
 @contextlib.contextmanager
-def connect(address: str | None = None, **init_kwargs: Any) -> Iterator[None]:
+def connect(
+    address: str | None = None, *, probe_timeout: float = 10.0, **init_kwargs: Any
+) -> Iterator[None]:
     """Connect this process (the driver) to the Ray cluster at ``address`` (``host:port``,
     else ``RAY_ADDRESS``); disconnect on exit. A loopback address keeps every connection
-    on loopback (Ray would otherwise switch to the machine's routable IP).
+    on loopback (Ray would otherwise switch to the machine's routable IP). An address
+    nothing listens on fails within ``probe_timeout`` (``ray.init`` would retry for minutes).
     """
     address = address or os.environ.get("RAY_ADDRESS")
     if not address:
-        raise LlenvsError("no Ray cluster address: pass host:port or set RAY_ADDRESS")
-    host = address.removeprefix("ray://").rpartition(":")[0] or address
+        raise RayConnectError("no Ray cluster address: pass host:port or set RAY_ADDRESS")
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise RayConnectError(f"Ray cluster address {address!r} is not host:port", address=address)
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=probe_timeout).close()
+    except OSError as exc:
+        raise RayConnectError(
+            f"cannot connect to the Ray cluster at {address!r}: {exc}", address=address
+        ) from exc
     kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False}
     if is_loopback(host):
         keep_loopback()
@@ -501,7 +513,9 @@ def connect(address: str | None = None, **init_kwargs: Any) -> Iterator[None]:
     try:
         ray.init(address=address, **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise LlenvsError(f"cannot connect to the Ray cluster at {address!r}: {exc}") from exc
+        raise RayConnectError(
+            f"cannot connect to the Ray cluster at {address!r}: {exc}", address=address
+        ) from exc
     try:
         yield
     finally:
