@@ -8,6 +8,7 @@ started (never ``ray stop``, which would end every Ray on the machine).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -35,11 +36,18 @@ class RayStartError(LlenvsError):
     """``ray start`` failed for one node of a ``LocalRayCluster``."""
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def free_ports(count: int, taken: set[int]) -> list[int]:
+    """``count`` distinct TCP ports on 127.0.0.1, free now and not in ``taken`` (added)."""
+    ports: list[int] = []
+    with contextlib.ExitStack() as stack:
+        while len(ports) < count:  # every socket stays bound until all are chosen
+            sock = stack.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+            if port not in taken:
+                ports.append(port)
+                taken.add(port)
+    return ports
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +78,7 @@ class LocalRayCluster:
         self.num_cpus = num_cpus
         self.env = dict(env or {})
         self.port = 0
+        self._ports: set[int] = set()
         self._nodes: list[_Node] = []
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
@@ -83,7 +92,7 @@ class LocalRayCluster:
     def start(self) -> str:
         """Start the head and the workers; returns the address. Stops what started on failure."""
         self._tmp = tempfile.TemporaryDirectory(prefix="llenvs-ray-", dir="/tmp")
-        self.port = free_port()
+        (self.port,) = free_ports(1, self._ports)
         try:
             for index in range(self.num_nodes):
                 self._start_node(index)
@@ -94,14 +103,16 @@ class LocalRayCluster:
 
     def _start_node(self, index: int) -> None:
         assert self._tmp is not None
-        ports = {
-            "--node-manager-port": free_port(),
-            "--object-manager-port": free_port(),
-            "--dashboard-agent-listen-port": free_port(),
-            "--dashboard-agent-grpc-port": free_port(),
-            "--runtime-env-agent-port": free_port(),
-            "--metrics-export-port": free_port(),
-        }
+        free = iter(free_ports(11, self._ports))
+        flags = (
+            "--node-manager-port",
+            "--object-manager-port",
+            "--dashboard-agent-listen-port",
+            "--dashboard-agent-grpc-port",
+            "--runtime-env-agent-port",
+            "--metrics-export-port",
+        )
+        ports = {flag: next(free) for flag in flags}
         args = [
             "start",
             "--node-ip-address=127.0.0.1",
@@ -115,8 +126,8 @@ class LocalRayCluster:
                 "--head",
                 f"--port={self.port}",
                 "--include-dashboard=false",
-                f"--dashboard-port={free_port()}",
-                f"--ray-client-server-port={free_port()}",
+                f"--dashboard-port={next(free)}",
+                f"--ray-client-server-port={next(free)}",
                 f"--temp-dir={self._tmp.name}",
             ]
         else:
@@ -125,8 +136,8 @@ class LocalRayCluster:
             **os.environ,
             **self.env,
             # Fixed defaults (44217, 44227) would collide with any other Ray on the machine.
-            "AUTOSCALER_METRIC_PORT": str(free_port()),
-            "DASHBOARD_METRIC_PORT": str(free_port()),
+            "AUTOSCALER_METRIC_PORT": str(next(free)),
+            "DASHBOARD_METRIC_PORT": str(next(free)),
             "RAY_USAGE_STATS_ENABLED": "0",
         }
         log = Path(self._tmp.name) / f"start-{index}.log"
