@@ -198,13 +198,17 @@ def _translate(exc: RayError, placement: Placement | None, doing: str) -> Remote
     )
 
 
-async def _await(ref: Any, placement: Placement | None, doing: str) -> Any:
-    """Await one actor call; cancelling the caller cancels the remote coroutine too."""
+async def _await(
+    ref: Any, placement: Placement | None, doing: str, *, cancel_remote: bool = True
+) -> Any:
+    """Await one actor call; cancelling the caller cancels the remote coroutine too, as a
+    local one would be (``cancel_remote=False``: it runs on, for creation and close)."""
     try:
         return await ref
     except asyncio.CancelledError:
-        with contextlib.suppress(Exception):
-            ray.cancel(ref)
+        if cancel_remote:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref)
         raise
     except RayError as exc:
         raise _translate(exc, placement, doing) from exc
@@ -268,8 +272,9 @@ class RayEnvironment(AsyncResource):
         p = self.placement
         return f"RayEnvironment({p.actor_name}, node={p.node_id[:12]}, pid={p.pid})"
 
-    async def _reply(self, ref: Any, doing: str) -> Any:
-        return _unwrap(await _await(ref, self.placement, doing), self.placement)
+    async def _reply(self, ref: Any, doing: str, *, cancel_remote: bool = True) -> Any:
+        reply = await _await(ref, self.placement, doing, cancel_remote=cancel_remote)
+        return _unwrap(reply, self.placement)
 
     async def reset(self, task: int | str | None = None, *, seed: int | None = None) -> State:
         if self._closed:
@@ -306,7 +311,7 @@ class RayEnvironment(AsyncResource):
         try:
             ref = self._actor.close.remote(self.close_timeout)
             async with asyncio.timeout(self.close_timeout):
-                await self._reply(ref, "close")
+                await self._reply(ref, "close", cancel_remote=False)
         except InstanceLostError:
             _log.warning("%r was lost before it could be closed", self)
         finally:
@@ -385,18 +390,20 @@ class RayEnvFactory:
                 "ray_env_factory: Ray is not connected; call llenvs_async.distributed.connect("
                 "address) (or ray.init) first"
             )
-        if self._factory_ref is None:
-            self._factory_ref = ray.put(self.env_factory)  # shipped once, not per instance
+        job = ray.get_runtime_context().get_job_id()
+        if self._factory_ref is None or self._factory_ref[0] != job:
+            # Shipped once per connection, not once per instance.
+            self._factory_ref = (job, ray.put(self.env_factory))
         name = f"{ACTOR_PREFIX}-{self.session}-{next(_counter)}"
         actor = _actor_class().options(**self._options(name)).remote()
         try:
             await self._wait_placed(actor)
-            opening = actor.open.remote(self._factory_ref, name)
+            opening = actor.open.remote(self._factory_ref[1], name)
         except BaseException:
             _kill(actor)  # pending or just started: it holds nothing yet
             raise
         try:
-            reply = await _await(opening, None, "env_factory")
+            reply = await _await(opening, None, "env_factory", cancel_remote=False)
         except BaseException:
             # Cancelled mid-open: let the actor close what the factory made (bounded).
             await asyncio.shield(self._abandon(actor))

@@ -24,7 +24,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.ray)
 
 
-def _require_ray() -> None:
+def require_ray() -> None:
     try:
         import ray  # noqa: F401
     except ImportError as exc:
@@ -37,7 +37,7 @@ def _require_ray() -> None:
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[Any]:
     """A started two-node ``LocalRayCluster``, this process connected to it as the driver."""
-    _require_ray()
+    require_ray()
     from llenvs_async.distributed import LocalRayCluster, connect
 
     cluster = LocalRayCluster(

@@ -161,3 +161,46 @@ async def test_killing_a_node_mid_run_fails_only_its_rollouts(
         assert checkable(owner) and not process_alive(owner)
     for container_id in left:
         await docker_engine.remove_container(container_id)
+    # Later tests must not be placed on the dead node before Ray has noticed it is dead.
+    await wait_until_dead(victim_id)
+
+
+async def wait_until_dead(node_id: str, limit: float = 120.0) -> None:
+    """Until the GCS marks ``node_id`` dead (its health checks time out), at most ``limit``."""
+    import ray
+
+    async with asyncio.timeout(limit):
+        while any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes()):
+            await asyncio.sleep(0.5)
+
+
+async def test_cancelling_a_run_removes_every_actor_and_container(
+    ray_cluster: Any, docker_engine: Any
+) -> None:
+    from llenvs_async.distributed import ray_env_factory, remote_restore
+
+    saved, solution = await saved_states()
+    factory = ray_env_factory(_envs.harbor)
+    act = policy(solution)
+    stepping = asyncio.Event()
+    pids: set[int] = set()
+
+    def act_and_signal(request: GenerationRequest) -> str:
+        if request.step > saved[0].step:  # every instance is restored and has stepped
+            pids.update(p.placement.pid for p in factory._live.values())
+            stepping.set()
+        return act(request)
+
+    runner = TrajectoryRunner(
+        await _envs.harbor(), ScriptedBackend(act_and_signal), env_factory=factory,
+        restore_fn=remote_restore(harbor_restore),
+    )  # fmt: skip
+    run = asyncio.create_task(runner.run_batch_from_states([saved[0]] * 4, batch_size=4))
+    await stepping.wait()
+    host = socket.gethostname()
+    assert len(pids) == 4 and len(await containers_of(docker_engine, host, pids)) == 4
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert factory.live == 0 and live_actors() == []
+    assert await containers_of(docker_engine, host, pids) == []
