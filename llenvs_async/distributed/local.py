@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -185,10 +185,10 @@ class LocalRayCluster:
         (target,) = (n for n in self._nodes if n.index == node)
         _kill_all(_members({target.pgid}), signal.SIGKILL)
 
-    def remote_connections(self) -> list[str]:
-        """``ss`` lines of TCP connections of this cluster's processes whose peer is not
-        loopback (expected: none)."""
-        pids = self.pids()
+    def remote_connections(self, also: Collection[int] = ()) -> list[str]:
+        """``ss`` lines of TCP connections of this cluster's processes (and of ``also``, e.g.
+        the driver) whose peer is not loopback (expected: none)."""
+        pids = self.pids() | set(also)
         out = subprocess.run(
             ["ss", "-tnpH"], capture_output=True, text=True, check=True, timeout=30
         ).stdout

@@ -479,8 +479,16 @@ def ray_env_factory(
 def remote_restore(restore_fn: RestoreFn) -> RestoreFn:
     """``restore_fn`` run where the instance is: in its actor for a ``RayEnvironment``
     (``harbor_restore`` needs the real ``HarborEnvironment``, and a replay costs no round
-    trip per action), as is for a local instance.
+    trip per action), as is for a local instance. ``restore_fn`` is copied to each actor,
+    so one that holds resources (an ``aclose``, e.g. ``SnapshotRestore``'s images) is
+    refused: each copy would make its own and none would be closed.
     """
+    if callable(getattr(restore_fn, "aclose", None)):
+        raise TypeError(
+            f"remote_restore cannot ship {type(restore_fn).__name__}: it holds resources "
+            "(it has aclose) that a copy in each actor would leak; use harbor_restore or "
+            "replay_restore"
+        )
 
     async def restore(env: Environment, state: State) -> State:
         if isinstance(env, RayEnvironment):

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from llenvs_async import ScriptedBackend, TrajectoryRunner
-from llenvs_async.env import replay_restore
+from llenvs_async.env import Environment, replay_restore
 from llenvs_async.envs import CounterEnv
 from llenvs_async.errors import EnvError, StaleStateError
 from llenvs_async.types import Action
@@ -53,7 +53,7 @@ async def test_rollouts_run_in_actors_spread_over_both_nodes(ray_cluster: object
 
     proxy = await factory()
     async with proxy:
-        assert isinstance(proxy, RayEnvironment)
+        assert isinstance(proxy, RayEnvironment) and isinstance(proxy, Environment)
         assert (proxy.pure_step, proxy.max_steps) == (False, 20)
         assert proxy.node_id in nodes and proxy.info["node_id"] == proxy.node_id
         state = await proxy.reset(2)
@@ -64,7 +64,8 @@ async def test_rollouts_run_in_actors_spread_over_both_nodes(ray_cluster: object
 
 
 async def test_remote_errors_keep_their_class_and_the_node(ray_cluster: object) -> None:
-    from llenvs_async.distributed import RemoteEnvError, ray_env_factory
+    from llenvs_async.adapters.harbor import SnapshotRestore
+    from llenvs_async.distributed import RemoteEnvError, ray_env_factory, remote_restore
 
     proxy = await ray_env_factory(_envs.counter)()
     async with proxy:
@@ -87,6 +88,8 @@ async def test_remote_errors_keep_their_class_and_the_node(ray_cluster: object) 
     assert failed.error.type == "RemoteEnvError"
     assert "VerifierError: the factory failed on purpose" in failed.error.message
     assert live_actors() == []
+    with pytest.raises(TypeError, match="cannot ship SnapshotRestore"):
+        remote_restore(SnapshotRestore())
     with pytest.raises(RemoteEnvError) as info:
         await ray_env_factory(_envs.failing_factory)()
     assert info.value.remote_type == "llenvs_async.errors.VerifierError"
