@@ -4,7 +4,9 @@ and a node killed mid-run (real Docker engine, real two-node cluster on 127.0.0.
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,7 +19,7 @@ from llenvs_async.docker.ownership import Owner, checkable, process_alive
 from llenvs_async.types import GenerationRequest, SamplingParams, State
 
 from . import _envs
-from .conftest import containers_of, live_actors, node_ids
+from .conftest import REPO, containers_of, live_actors, node_ids
 
 pytestmark = pytest.mark.docker
 
@@ -203,4 +205,37 @@ async def test_cancelling_a_run_removes_every_actor_and_container(
     with pytest.raises(asyncio.CancelledError):
         await run
     assert factory.live == 0 and live_actors() == []
+    assert await containers_of(docker_engine, host, pids) == []
+
+
+async def test_a_killed_driver_leaves_no_actor_and_cleanup_removes_its_containers(
+    ray_cluster: Any, docker_engine: Any
+) -> None:
+    from llenvs_async.docker import reap_orphans
+    from llenvs_async.docker.ownership import SESSION_LABEL
+
+    await saved_states()  # builds the task images once, here
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.distributed._crashing_driver", ray_cluster.address,
+        cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 300)
+    assert proc.returncode == -signal.SIGKILL, err.decode()[-2000:]
+    pids = {int(p) for p in out.split()}
+    assert len(pids) == 2
+    # Ray kills the actors of a dead driver (bounded wait for that structural change)...
+    host = socket.gethostname()
+    owners = [Owner(host=host, pid=pid) for pid in pids]
+    assert all(checkable(owner) for owner in owners)
+    async with asyncio.timeout(120):
+        while live_actors() or any(process_alive(owner) for owner in owners):
+            await asyncio.sleep(0.5)
+    # ... without a chance to close anything: the containers stay, labelled with their
+    # dead owners, and the node's cleanup (`llenvs-async cleanup`) removes them.
+    left = await containers_of(docker_engine, host, pids)
+    assert 0 < len(left) <= 2  # (another process's cleanup on this shared engine may be first)
+    listed = await docker_engine.list_containers({SESSION_LABEL: None})
+    sessions = {c["Labels"][SESSION_LABEL] for c in listed if c["Id"] in left}
+    reaped = [r for s in sessions for r in await reap_orphans(docker_engine, session=s)]
+    assert {r.id for r in reaped} <= set(left)
     assert await containers_of(docker_engine, host, pids) == []
