@@ -12,7 +12,7 @@ from llenvs_async import ScriptedBackend, TrajectoryRunner
 from llenvs_async.env import Environment, replay_restore
 from llenvs_async.envs import CounterEnv
 from llenvs_async.errors import EnvError, StaleStateError
-from llenvs_async.types import Action
+from llenvs_async.types import Action, GenerationRequest
 
 from . import _envs
 from .conftest import DOCKER_PER_NODE, live_actors, node_ids
@@ -138,4 +138,29 @@ async def test_cancelling_a_run_kills_every_actor_it_made(ray_cluster: object) -
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
         await run
+    assert factory.live == 0 and live_actors() == []
+
+
+async def test_a_killed_actor_fails_only_its_rollout(ray_cluster: object) -> None:
+    import ray
+
+    from llenvs_async.distributed import ray_env_factory
+
+    factory = ray_env_factory(_envs.counter)
+    victim: list[str] = []
+
+    def policy(request: GenerationRequest) -> str:
+        if request.step == 1 and not victim:  # every instance exists and has stepped once
+            proxy = next(iter(factory._live.values()))
+            victim.append(proxy.node_id)
+            ray.kill(proxy._actor, no_restart=True)
+        return _envs.counter_policy(request)
+
+    runner = TrajectoryRunner(CounterEnv(), ScriptedBackend(policy), env_factory=factory)
+    trajectories = await runner.run_batch([3] * 4)
+    failed = [t for t in trajectories if t.error is not None]
+    assert len(failed) == 1 and failed[0].error is not None
+    assert (failed[0].error.phase, failed[0].error.type) == ("step", "InstanceLostError")
+    assert failed[0].info["node_id"] == victim[0] and victim[0] in failed[0].error.message
+    assert [t.total_reward for t in trajectories if t.error is None] == [1.0] * 3
     assert factory.live == 0 and live_actors() == []
