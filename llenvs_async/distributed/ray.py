@@ -114,18 +114,24 @@ class EnvActor:
         return ctx.get_node_id(), socket.gethostname(), os.getpid(), ctx.get_actor_id() or ""
 
     async def open(self, env_factory: Callable[[], Awaitable[Environment]], name: str) -> _Reply:
+        env: Environment | None = None
         try:
             env = await env_factory()
-            self._env = env
             node, host, pid, actor = await self.where()
             span = getattr(env, "reward_range", None)
-            return True, Placement(
+            placement = Placement(
                 node_id=node, host=host, pid=pid, actor_id=actor, actor_name=name,
                 pure_step=bool(env.pure_step), max_steps=env.max_steps,
                 reward_range=None if span is None else (float(span[0]), float(span[1])),
             )  # fmt: skip
         except Exception as exc:
+            if env is not None:  # made but not describable: close it before the actor goes
+                with contextlib.suppress(Exception):
+                    await env.aclose()
             return False, _failure(exc)
+        else:
+            self._env = env
+            return True, placement
         finally:
             self._opened.set()
 
