@@ -128,6 +128,13 @@ class _Counter:
         return CounterEnv(latency=self.latency, max_steps=None)
 
 
+async def bare_round(pool: Sequence[RayEnvironment]) -> float:
+    """Milliseconds for one round of B no-op calls on the same actors (Ray alone)."""
+    started = time.perf_counter()
+    await asyncio.gather(*(p._actor.where.remote() for p in pool))
+    return 1000 * (time.perf_counter() - started)
+
+
 async def close_all(pool: Sequence[RayEnvironment]) -> None:
     await asyncio.gather(*(p.aclose() for p in pool))
 
@@ -135,7 +142,7 @@ async def close_all(pool: Sequence[RayEnvironment]) -> None:
 async def overhead_side(p: dict[str, Any]) -> dict[str, Any]:
     """On the connected cluster: each size, in-process vs Ray, interleaved repeats."""
     latency, steps = p["env_latency_s"], p["steps"]
-    out: dict[str, Any] = {"in-process": {}, "ray": {}, "create_s": {}, "nodes": {}}
+    out: dict[str, Any] = {"in-process": {}, "ray": {}, "create_s": {}, "nodes": {}, "bare_ms": {}}
     for size in p["sizes"]:
         pool, created, nodes = await make_pool(size, latency)
         out["create_s"][size], out["nodes"][size] = created, len(nodes)
@@ -150,6 +157,7 @@ async def overhead_side(p: dict[str, Any]) -> dict[str, Any]:
                 out["ray"].setdefault(size, []).append(
                     await through_ray(pool, size, steps, latency)
                 )
+                out["bare_ms"].setdefault(size, []).append(await bare_round(pool))
         finally:
             await close_all(pool)
     return out
@@ -205,6 +213,7 @@ def run(quick: bool = False) -> Result:
                 fmt(median(s.wall for s in remote)),
                 fmt_spread(spread([s.overhead_ms for s in remote])),
                 fmt(median(s.overhead_ms for s in remote) - median(s.overhead_ms for s in local)),
+                fmt(median(over["bare_ms"][b])),
                 fmt(over["create_s"][b]),
                 over["nodes"][b],
             ]
@@ -248,6 +257,7 @@ def run(quick: bool = False) -> Result:
                     "Ray wall s",
                     "Ray overhead ms/round (min-max)",
                     "Ray extra ms/round",
+                    "bare Ray round of B no-op calls ms",
                     "creating B actors s",
                     "nodes used",
                 ],
@@ -279,6 +289,8 @@ def run(quick: bool = False) -> Result:
         notes=[
             "Overhead per round = (wall - critical path) / rounds; critical path = (steps + 1)"
             " x the simulated step (reset + steps, no jitter, a zero-latency backend).",
+            "'bare Ray round' times B no-op calls on the same actors, without the runner or the "
+            "proxy: what Ray itself costs per round on this machine.",
             "Ray rows reuse B live actors (created once, timed in 'creating B actors'); "
             "in-process and Ray repeats are interleaved.",
             "Every node of the cluster runs on this machine (127.0.0.1, 1 CPU each) and would "
@@ -290,7 +302,12 @@ def run(quick: bool = False) -> Result:
             side: {str(b): [[s.wall, s.critical, s.steps] for s in over[side][b]] for b in sizes}
             for side in ("in-process", "ray")
         }
-        | {"create_s": {str(b): v for b, v in over["create_s"].items()}, "one": one, "two": two},
+        | {
+            "create_s": {str(b): v for b, v in over["create_s"].items()},
+            "bare_ms": {str(b): v for b, v in over["bare_ms"].items()},
+            "one": one,
+            "two": two,
+        },
     )
 
 
