@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install vllm tiny-model test test-fast lint demo bench docker images clean
+.PHONY: install vllm tiny-model test test-fast test-ray lint demo bench docker images clean
 
 install: $(STAMP)
 
@@ -34,7 +34,11 @@ test: install vllm docker images
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: install
-	$(PY) -m pytest -m 'not docker and not vllm' $(PYTEST_ARGS)
+	$(PY) -m pytest -m 'not docker and not vllm and not ray' $(PYTEST_ARGS)
+
+# The Ray tier alone: a two-node cluster on 127.0.0.1 (Ray comes with the dev extra).
+test-ray: install docker images
+	$(PY) -m pytest tests/distributed -m ray $(PYTEST_ARGS)
 
 lint: install
 	$(PY) -m ruff check .

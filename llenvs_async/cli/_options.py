@@ -27,6 +27,7 @@ __all__ = [
     "ModelOpt",
     "NConcurrentOpt",
     "QuietOpt",
+    "RayAddressOpt",
     "SeedOpt",
     "TemperatureOpt",
     "backend_options",
@@ -85,6 +86,14 @@ CommandTimeoutOpt = Annotated[
     typer.Option(
         "--command-timeout",
         help="Seconds per command (default: the task's [agent].timeout_sec, else 600).",
+    ),
+]
+RayAddressOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--ray-address",
+        envvar="RAY_ADDRESS",
+        help="Run each instance in a Ray actor on this cluster (host:port); needs [ray].",
     ),
 ]
 

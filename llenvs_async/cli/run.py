@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -11,7 +12,7 @@ import anyio
 import typer
 
 from .._shield import shielded
-from ..env import EnvFactory, Environment
+from ..env import EnvFactory, Environment, replay_restore
 from ..errors import DockerUnavailableError
 from ..serialization import JsonlWriter
 from ..types import ErrorInfo, Observation, State, Trajectory
@@ -67,6 +68,7 @@ def run(
     build_ca_bundle: opt.BuildCaBundleOpt = None,
     allow_network: opt.AllowNetworkOpt = False,
     command_timeout: opt.CommandTimeoutOpt = None,
+    ray_address: opt.RayAddressOpt = None,
 ) -> None:
     """Collect trajectories over a Harbor dataset or a built-in env; one JSONL line each."""
     harbor = opt.harbor_options(
@@ -79,11 +81,13 @@ def run(
     skip = _existing_keys(out, spec, resume=resume, retry_failed=retry_failed, force=force)
     written = 0
     try:
-        written = run_async(
-            lambda: _collect(
-                spec, options, out, skip, tasks or [], limit, rollouts, n_concurrent, quiet, force
-            )
-        )
+        with _on_ray(ray_address):
+            written = run_async(
+                lambda: _collect(
+                    spec, options, out, skip, tasks or [], limit, rollouts, n_concurrent, quiet,
+                    force, on_ray=ray_address is not None,
+                )
+            )  # fmt: skip
     except KeyboardInterrupt:
         records = unique_by_key(load_results(out)) if out.exists() else []
         console.print(summary_table(records, f"{out} (interrupted)"))
@@ -143,8 +147,12 @@ async def _collect(
     n_concurrent: int,
     quiet: bool,
     replace: bool = False,
+    *,
+    on_ray: bool = False,
 ) -> int:
     async with open_source(spec) as source:
+        if on_ray:
+            _distribute(source)
         refs = select_tasks(source.tasks, selectors, limit)
         jobs = [_Job(ref, r) for ref in refs for r in range(rollouts) if (ref.key, r) not in skip]
         if not jobs:
@@ -176,6 +184,37 @@ async def _collect(
                         assert trajectory.index is not None
                         _save(writer, progress, spec, runnable[trajectory.index][0], trajectory)
                 return writer.written
+
+
+@contextlib.contextmanager
+def _on_ray(address: str | None) -> Iterator[None]:
+    """Connected to the Ray cluster at ``address`` for the run (nothing when ``None``)."""
+    with contextlib.ExitStack() as stack:
+        if address is not None:
+            try:
+                from ..distributed.ray import RayConnectError, connect
+            except ImportError as exc:
+                hint = "pip install 'llenvs-async[ray]'"
+                raise CliError(f"--ray-address needs Ray: {hint} ({exc})") from None
+            try:
+                stack.enter_context(connect(address))
+            except RayConnectError as exc:
+                raise CliError(str(exc)) from None
+        yield
+
+
+def _distribute(source: Source) -> None:
+    """Each instance in a Ray actor on a node with a ``docker`` resource, its restore run
+    there; the runner and the backend stay here."""
+    from ..distributed.ray import ray_env_factory, remote_restore
+
+    if source.env_factory is None:
+        raise CliError(
+            f"--ray-address needs a stateful environment (a dataset or --env counter); "
+            f"{source.spec.label} runs in this process"
+        )
+    source.env_factory = ray_env_factory(source.env_factory)
+    source.restore_fn = remote_restore(source.restore_fn or replay_restore)
 
 
 def _save(

@@ -20,7 +20,7 @@ from .._shield import shielded
 from ..errors import ClosedError, ContainerError, LlenvsError
 from .engine import DockerEngine, translate_errors
 from .output import DEFAULT_MAX_OUTPUT_BYTES, CappedOutput, CommandResult
-from .ownership import OWNER_LABEL, OWNER_START_LABEL, SESSION_LABEL
+from .ownership import OWNER_LABELS, SESSION_LABEL
 from .reaper import register_backstop, remove_container_sync
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ class ContainerSpec:
                 raise ValueError(f"ContainerSpec.{what} must be positive or None, got {value!r}")
         if self.cpus is not None and not (self.cpus > 0 and math.isfinite(self.cpus)):
             raise ValueError(f"ContainerSpec.cpus must be positive or None, got {self.cpus!r}")
-        reserved = {OWNER_LABEL, OWNER_START_LABEL, SESSION_LABEL} & set(self.labels)
+        reserved = {*OWNER_LABELS, SESSION_LABEL} & set(self.labels)
         if reserved:
             raise ValueError(f"ContainerSpec.labels may not set {sorted(reserved)}: they are ours")
         for key in ("env", "labels"):
@@ -391,7 +391,7 @@ class Container(AsyncResource):
         others are never mistaken for ours.
         """
         self._check_open()
-        blank = {OWNER_LABEL: "", OWNER_START_LABEL: "", SESSION_LABEL: "", _CREATE_LABEL: ""}
+        blank = dict.fromkeys((*OWNER_LABELS, SESSION_LABEL, _CREATE_LABEL), "")
         label_line = " ".join(
             f"{json.dumps(k)}={json.dumps(v)}" for k, v in {**blank, **(labels or {})}.items()
         )

@@ -14,7 +14,7 @@ import aiodocker
 import aiohttp
 
 from ..errors import ClosedError, ContainerError, DockerUnavailableError, ImageError
-from .ownership import OWNER_LABEL, new_session_id, owner_labels
+from .ownership import current_owner, new_session_id, owner_labels
 
 __all__ = ["DockerEngine", "split_image_ref", "translate_errors"]
 
@@ -195,7 +195,7 @@ class DockerEngine:
 
     async def own_containers(self) -> list[dict[str, Any]]:
         """Containers created by this process (through any engine)."""
-        return await self.list_containers({OWNER_LABEL: self.labels[OWNER_LABEL]})
+        return await self.list_containers(current_owner().labels)
 
     async def remove_container(self, container_id: str) -> bool:
         """Force-remove a container with its anonymous volumes; ``False`` if it was already gone."""

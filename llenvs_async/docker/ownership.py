@@ -1,4 +1,10 @@
-"""Container labels that identify the owning process, so leaks can be found and reaped."""
+"""Container labels that identify the owning process, so leaks can be found and reaped.
+
+An owner is ``host:pid`` plus the pid's start ticks, the boot id and the PID-namespace
+inode: several processes (Ray workers, containers sharing one engine socket, machines
+with one hostname) can share a host name and a pid, but not all four. Only an owner in
+this boot and this PID namespace can be checked; any other may be alive.
+"""
 
 from __future__ import annotations
 
@@ -9,31 +15,44 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = [
+    "OWNER_BOOT_LABEL",
     "OWNER_LABEL",
+    "OWNER_LABELS",
+    "OWNER_PIDNS_LABEL",
     "OWNER_START_LABEL",
     "SESSION_LABEL",
     "Owner",
+    "checkable",
     "current_owner",
     "new_session_id",
+    "owner_filters",
     "owner_labels",
     "process_alive",
 ]
 
 OWNER_LABEL = "llenvs.owner"
 OWNER_START_LABEL = "llenvs.owner.start"
+OWNER_BOOT_LABEL = "llenvs.owner.boot"
+OWNER_PIDNS_LABEL = "llenvs.owner.pidns"
+OWNER_LABELS = (OWNER_LABEL, OWNER_START_LABEL, OWNER_BOOT_LABEL, OWNER_PIDNS_LABEL)
 SESSION_LABEL = "llenvs.session"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Owner:
-    """The process that created a container: host name, pid and the pid's start time.
+    """The process that created a container: host name, pid, the pid's start time, the
+    boot id and the PID namespace.
 
-    The start time (clock ticks since boot, Linux) tells a live owner from a reused pid.
+    The start time (clock ticks since boot, Linux) tells a live owner from a reused pid;
+    the boot id and PID-namespace inode tell whether this process can check it at all.
+    Empty fields are unknown (labels written before they existed, or not Linux).
     """
 
     host: str
     pid: int
     start: str = ""
+    boot: str = ""
+    pidns: str = ""
 
     @property
     def label(self) -> str:
@@ -45,7 +64,26 @@ class Owner:
         host, sep, pid = labels.get(OWNER_LABEL, "").rpartition(":")
         if not sep or not host or not pid.isdigit():
             return None
-        return cls(host=host, pid=int(pid), start=labels.get(OWNER_START_LABEL, ""))
+        return cls(
+            host=host,
+            pid=int(pid),
+            start=labels.get(OWNER_START_LABEL, ""),
+            boot=labels.get(OWNER_BOOT_LABEL, ""),
+            pidns=labels.get(OWNER_PIDNS_LABEL, ""),
+        )
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """The owner labels a container of this owner carries (unknown fields left out)."""
+        labels = {OWNER_LABEL: self.label}
+        for key, value in (
+            (OWNER_START_LABEL, self.start),
+            (OWNER_BOOT_LABEL, self.boot),
+            (OWNER_PIDNS_LABEL, self.pidns),
+        ):
+            if value:
+                labels[key] = value
+        return labels
 
 
 def _start_ticks(pid: int) -> str:
@@ -57,10 +95,32 @@ def _start_ticks(pid: int) -> str:
     return fields[19] if len(fields) > 19 else ""
 
 
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _pid_namespace() -> str:
+    """The inode of this process's PID namespace (``/proc/self/ns/pid -> pid:[N]``)."""
+    try:
+        return os.readlink("/proc/self/ns/pid").removeprefix("pid:[").removesuffix("]")
+    except OSError:
+        return ""
+
+
 def current_owner() -> Owner:
     """This process as an owner (computed on each call: a forked child is a new owner)."""
     pid = os.getpid()
-    return Owner(host=socket.gethostname(), pid=pid, start=_start_ticks(pid))
+    return Owner(
+        host=socket.gethostname(),
+        pid=pid,
+        start=_start_ticks(pid),
+        boot=_boot_id(),
+        pidns=_pid_namespace(),
+    )
 
 
 def new_session_id() -> str:
@@ -69,15 +129,33 @@ def new_session_id() -> str:
 
 def owner_labels(session_id: str) -> dict[str, str]:
     """The labels every container created by this process carries."""
-    owner = current_owner()
-    labels = {OWNER_LABEL: owner.label, SESSION_LABEL: session_id}
-    if owner.start:
-        labels[OWNER_START_LABEL] = owner.start
-    return labels
+    return {**current_owner().labels, SESSION_LABEL: session_id}
+
+
+def owner_filters(owner: Owner) -> list[str]:
+    """Docker label filters (ANDed) that match exactly the containers of ``owner``."""
+    return [f"{key}={value}" for key, value in owner.labels.items()]
+
+
+def checkable(owner: Owner) -> bool:
+    """Whether this process can tell if ``owner`` runs: same host, and (when recorded)
+    same boot and same PID namespace. A pid seen from another namespace or boot names
+    some other process, so such an owner is never provably gone.
+    """
+    here = current_owner()
+    return (
+        owner.host == here.host
+        and (not owner.boot or owner.boot == here.boot)
+        and (not owner.pidns or owner.pidns == here.pidns)
+    )
 
 
 def process_alive(owner: Owner) -> bool:
-    """Whether ``owner`` (a process on this host) still runs; a reused pid counts as gone."""
+    """Whether ``owner`` may still run: an owner this process cannot check (another host,
+    boot or PID namespace) counts as alive; a reused pid counts as gone.
+    """
+    if not checkable(owner):
+        return True
     try:
         os.kill(owner.pid, 0)
     except ProcessLookupError:

@@ -17,7 +17,15 @@ import urllib.parse
 from dataclasses import dataclass
 
 from .engine import DockerEngine
-from .ownership import OWNER_LABEL, SESSION_LABEL, Owner, current_owner, process_alive
+from .ownership import (
+    OWNER_LABEL,
+    SESSION_LABEL,
+    Owner,
+    checkable,
+    current_owner,
+    owner_filters,
+    process_alive,
+)
 
 __all__ = [
     "ReapedContainer",
@@ -88,9 +96,13 @@ def remove_container_sync(
 
 
 def remove_own_containers_sync(url: str | None = None, *, timeout: float = 30.0) -> list[str]:
-    """Force-remove every container this process created, without an event loop."""
+    """Force-remove every container this process created, without an event loop.
+
+    Matches every owner label (pid, start ticks, boot, PID namespace), so a process with
+    the same ``host:pid`` in another namespace sharing the engine keeps its containers.
+    """
     query = urllib.parse.urlencode(
-        {"all": "1", "filters": json.dumps({"label": [f"{OWNER_LABEL}={current_owner().label}"]})}
+        {"all": "1", "filters": json.dumps({"label": owner_filters(current_owner())})}
     )
     listing = json.loads(_request(url, "GET", f"/containers/json?{query}", timeout))
     removed = []
@@ -118,20 +130,30 @@ def register_backstop(url: str | None) -> None:
     _engine_urls.add(url)
 
 
-async def reap_orphans(engine: DockerEngine | None = None) -> list[ReapedContainer]:
-    """Remove containers whose owner process on this host is gone; return what was removed.
+async def reap_orphans(
+    engine: DockerEngine | None = None, *, force: bool = False, session: str | None = None
+) -> list[ReapedContainer]:
+    """Remove containers whose owner process is provably gone; return what was removed.
 
-    Containers owned by live processes, or by processes on other hosts, are left alone.
+    Provably gone: on this host, in this boot and PID namespace, and its pid is free or
+    reused. Containers of live owners are always left alone; those of owners this process
+    cannot check (another host, boot or PID namespace: maybe a live run sharing the
+    engine) are left too, unless ``force`` (the caller knows no such run is live).
+    ``session`` limits the sweep to the containers of one session.
     """
     if engine is None:
         async with DockerEngine() as own:
-            return await reap_orphans(own)
-    here = current_owner().host
+            return await reap_orphans(own, force=force, session=session)
     orphans: list[ReapedContainer] = []
-    for item in await engine.list_containers({OWNER_LABEL: None}):
+    wanted: dict[str, str | None] = {OWNER_LABEL: None}
+    if session is not None:
+        wanted[SESSION_LABEL] = session
+    for item in await engine.list_containers(wanted):
         labels = item.get("Labels") or {}
         owner = Owner.from_labels(labels)
-        if owner is None or owner.host != here or process_alive(owner):
+        if owner is None:
+            continue
+        if process_alive(owner) if checkable(owner) else not force:
             continue
         names = item.get("Names") or [""]
         orphans.append(

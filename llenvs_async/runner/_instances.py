@@ -51,6 +51,7 @@ async def prepare_one(rollout: Rollout, cfg: RunConfig, closer: Closer) -> None:
             rollout.env = cfg.environment
         env = rollout.env
         assert env is not None
+        rollout.note_env(env)
         if spec.state is None:
             phase = "reset"
             state = await env.reset(spec.task, seed=spec.seed)

@@ -141,10 +141,17 @@ class Rollout:
     # Token mode: the prompt the next request sends, and a forced first action's ids.
     prompt_ids: tuple[int, ...] | None = None
     forced_ids: tuple[int, ...] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
         return self.stop_reason != "unfinished"
+
+    def note_env(self, env: Environment) -> None:
+        """Record where the instance runs (a remote one's ``node_id``) in the trajectory's info."""
+        node = getattr(env, "node_id", None)
+        if node is not None:
+            self.info["node_id"] = node
 
     def start(
         self,
@@ -236,4 +243,5 @@ class Rollout:
             error=self.error,
             index=self.spec.index,
             stop_reason=self.stop_reason,
+            info=dict(self.info),
         )

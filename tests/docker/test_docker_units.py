@@ -90,7 +90,7 @@ def test_container_spec_safe_config_and_validation() -> None:
 
 def test_owner_labels_round_trip_and_liveness() -> None:
     me = current_owner()
-    parsed = Owner.from_labels({OWNER_LABEL: me.label, "llenvs.owner.start": me.start})
+    parsed = Owner.from_labels({**me.labels, "llenvs.owner.start": me.start})
     assert parsed == me and process_alive(me)
     assert Owner.from_labels({OWNER_LABEL: "nohost"}) is None
     assert not process_alive(Owner(host=me.host, pid=me.pid, start="1"))  # a reused pid

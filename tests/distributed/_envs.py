@@ -1,0 +1,37 @@
+"""Environment factories and policies the Ray tests ship to their actors (imported there
+by name: the local cluster's nodes get the repository on ``PYTHONPATH``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from llenvs_async.adapters.harbor import HarborAdapter, HarborEnvironment
+from llenvs_async.envs import CounterEnv
+from llenvs_async.errors import VerifierError
+from llenvs_async.types import GenerationRequest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks"
+
+
+async def counter() -> CounterEnv:
+    return CounterEnv(max_steps=20)
+
+
+async def slow_counter() -> CounterEnv:
+    return CounterEnv(latency=0.05, max_steps=20)
+
+
+async def harbor() -> HarborEnvironment:
+    return await HarborAdapter().get_environment(EXAMPLES, max_steps=30)
+
+
+async def failing_factory() -> CounterEnv:
+    raise VerifierError("the factory failed on purpose", kind="test")
+
+
+def counter_policy(request: GenerationRequest) -> str:
+    """Reach the target (the task) with ``inc`` then ``submit``."""
+    target = request.task
+    assert isinstance(target, int)
+    value = int(request.messages[-1].content.split("Counter is ")[1].split(".")[0])
+    return "submit" if value >= target else "inc"

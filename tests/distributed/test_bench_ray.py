@@ -1,0 +1,28 @@
+"""benchmarks/bench_ray.py at tiny sizes: a well-formed result (no timing asserts)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO, require_ray
+
+
+@pytest.mark.ray
+def test_bench_ray_quick_writes_both_tables(tmp_path: Path) -> None:
+    require_ray()
+    # Its own clusters (one node, then two): a separate process, not this session's driver.
+    subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_ray", "--quick", "--out", str(tmp_path)],
+        cwd=REPO, check=True, timeout=600, capture_output=True,
+    )  # fmt: skip
+    result = json.loads((tmp_path / "ray.json").read_text())
+    overhead, throughput = result["tables"]
+    assert [row[0] for row in overhead["rows"]] == [2, 4]
+    assert [row[-1] for row in overhead["rows"]] == [2, 2]  # instances on both nodes
+    assert [row[-1] for row in throughput["rows"][:2]] == [1, 2]
+    assert {t["name"] for t in result["targets"]} and (tmp_path / "ray.md").exists()
