@@ -35,6 +35,8 @@ class BackendOptions:
     seed: int
     temperature: float
     max_tokens: int
+    token_mode: bool = False
+    tokenizer: str | None = None
 
     def check(self) -> None:
         """Validate flag combinations before anything is started."""
@@ -51,6 +53,12 @@ class BackendOptions:
                 )
         if self.kind is BackendKind.vllm and not self.model:
             raise CliError("--backend vllm needs --model")
+        if self.token_mode and self.kind is BackendKind.scripted:
+            raise CliError("--token-mode needs --backend vllm or openai (with --tokenizer)")
+        if self.token_mode and self.kind is BackendKind.openai and not self.tokenizer:
+            raise CliError("--backend openai --token-mode needs --tokenizer (a model directory)")
+        if self.tokenizer is not None and not os.path.isdir(self.tokenizer):
+            raise CliError(f"--tokenizer {self.tokenizer!r} is not a directory")
         if self.temperature < 0 or self.max_tokens < 1:
             raise CliError("--temperature must be >= 0 and --max-tokens >= 1")
 
@@ -71,7 +79,11 @@ def build_backend(options: BackendOptions, source: Source) -> Backend:
 
         assert options.base_url is not None
         return OpenAIBackend(
-            options.base_url, options.model, api_key=os.environ.get("OPENAI_API_KEY")
+            options.base_url,
+            options.model,
+            api_key=os.environ.get("OPENAI_API_KEY"),
+            mode="completions" if options.token_mode else "chat",
+            tokenizer=options.tokenizer,
         )
     from ..backends.vllm import VLLMBackend
 
@@ -102,6 +114,7 @@ async def open_runner(
         env_factory=source.env_factory, restore_fn=restore_fn,
         max_steps=source.spec.max_steps,
         system_prompt=None if scripted else source.system_prompt,
+        token_mode=options.token_mode,
     )  # fmt: skip
     try:
         yield runner

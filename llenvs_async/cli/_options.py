@@ -28,6 +28,8 @@ __all__ = [
     "NConcurrentOpt",
     "QuietOpt",
     "RayAddressOpt",
+    "TokenModeOpt",
+    "TokenizerOpt",
     "SeedOpt",
     "TemperatureOpt",
     "backend_options",
@@ -88,6 +90,20 @@ CommandTimeoutOpt = Annotated[
         help="Seconds per command (default: the task's [agent].timeout_sec, else 600).",
     ),
 ]
+TokenModeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--token-mode",
+        help="Keep each rollout's prompt as token ids (exact for RL; --backend vllm, or "
+        "openai in completions mode with --tokenizer); `export` writes them for trainers.",
+    ),
+]
+TokenizerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--tokenizer", help="Tokenizer (a model directory) for --backend openai --token-mode."
+    ),
+]
 RayAddressOpt = Annotated[
     str | None,
     typer.Option(
@@ -106,11 +122,14 @@ def backend_options(
     seed: int,
     temperature: float,
     max_tokens: int,
+    token_mode: bool = False,
+    tokenizer: str | None = None,
 ) -> BackendOptions:
     """Bundle and validate the backend flags."""
     options = BackendOptions(
         kind=backend, model=model, base_url=base_url, epsilon=epsilon, seed=seed,
-        temperature=temperature, max_tokens=max_tokens,
+        temperature=temperature, max_tokens=max_tokens, token_mode=token_mode,
+        tokenizer=tokenizer,
     )  # fmt: skip
     options.check()
     return options

@@ -62,6 +62,8 @@ def run(
     seed: opt.SeedOpt = 0,
     temperature: opt.TemperatureOpt = 1.0,
     max_tokens: opt.MaxTokensOpt = 512,
+    token_mode: opt.TokenModeOpt = False,
+    tokenizer: opt.TokenizerOpt = None,
     quiet: opt.QuietOpt = False,
     base_image: opt.BaseImageOpt = None,
     build_network: opt.BuildNetworkOpt = False,
@@ -75,7 +77,9 @@ def run(
         base_image, build_network, build_ca_bundle, allow_network, command_timeout
     )
     spec = SourceSpec.from_flags(dataset, env, max_steps, harbor)
-    options = opt.backend_options(backend, model, base_url, epsilon, seed, temperature, max_tokens)
+    options = opt.backend_options(
+        backend, model, base_url, epsilon, seed, temperature, max_tokens, token_mode, tokenizer
+    )
     if rollouts < 1 or n_concurrent < 1:
         raise CliError("--rollouts and --n-concurrent must be >= 1")
     skip = _existing_keys(out, spec, resume=resume, retry_failed=retry_failed, force=force)

@@ -68,3 +68,27 @@ def test_cli_run_with_the_openai_backend_against_the_real_server(
         "--max-tokens", "12", "-o", str(out), "-q",
     )  # fmt: skip
     check_results(out, 4)
+
+
+def test_cli_token_mode_run_then_export_for_a_trainer(
+    server: Server, tiny_model: Path, tmp_path: Path
+) -> None:
+    """`run --token-mode` against the real server, then `export --format parquet`: the
+    rows a trainer loads carry exact token records (mask on sampled ids only)."""
+    datasets = __import__("datasets")
+    out = tmp_path / "tokens.jsonl"
+    run_cli(
+        "run", "--env", "arithmetic", "--limit", "2", "-n", "2",
+        "--backend", "openai", "--base-url", server.base_url, "--model", server.model,
+        "--token-mode", "--tokenizer", str(tiny_model), "--max-tokens", "12",
+        "-o", str(out), "-q",
+    )  # fmt: skip
+    records = check_results(out, 4)
+    run_cli("export", str(out), "--format", "parquet", "-o", str(tmp_path / "pq"))
+    rows = datasets.load_dataset("parquet", data_dir=str(tmp_path / "pq"), split="train")
+    assert len(rows) == 4
+    for row, record in zip(rows, records, strict=True):
+        sampled = [t["completion"]["token_ids"] for t in record["trajectory"]["transitions"]]
+        masked = [i for i, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m]
+        assert masked == [tok for ids in sampled for tok in ids]
+        assert len(row["logprobs"]) == sum(row["loss_mask"])
