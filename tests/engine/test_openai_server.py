@@ -10,13 +10,14 @@ from llenvs_async.backends.openai import OpenAIBackend
 from llenvs_async.backends.vllm import VLLMBackend
 from llenvs_async.errors import ContextLengthError
 from llenvs_async.types import (
-    ChatMessage,
     Completion,
     GenerationError,
     GenerationRequest,
     SamplingParams,
 )
 
+from ._requests import chat as shared_chat
+from ._requests import completions
 from .conftest import MAX_MODEL_LEN, Engine, Server
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -25,19 +26,7 @@ PARAMS = SamplingParams(max_tokens=16, temperature=1.0, logprobs=0)
 
 
 def chat(text: str, *, seed: int | None = None, index: int = 0) -> GenerationRequest:
-    return GenerationRequest(
-        messages=(
-            ChatMessage(role="system", content="Answer in one word."),
-            ChatMessage(role="user", content=text),
-        ),
-        rollout_index=index,
-        seed=seed,
-    )
-
-
-def completions(outcomes: list[Completion | GenerationError]) -> list[Completion]:
-    assert all(isinstance(o, Completion) for o in outcomes), outcomes
-    return [o for o in outcomes if isinstance(o, Completion)]
+    return shared_chat(text, seed=seed, index=index, system="Answer in one word.")
 
 
 def check_tokens(completion: Completion, vocab_size: int) -> None:

@@ -11,34 +11,18 @@ import pytest
 from llenvs_async.backends.vllm import VLLMBackend
 from llenvs_async.errors import BackendError, ContextLengthError
 from llenvs_async.types import (
-    ChatMessage,
     Completion,
     GenerationError,
     GenerationRequest,
     SamplingParams,
 )
 
+from ._requests import chat, completions
 from .conftest import MAX_MODEL_LEN, Engine
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 PARAMS = SamplingParams(max_tokens=24, temperature=1.0, logprobs=0)
-
-
-def chat(text: str, *, seed: int | None = None, index: int = 0) -> GenerationRequest:
-    return GenerationRequest(
-        messages=(
-            ChatMessage(role="system", content="You are terse."),
-            ChatMessage(role="user", content=text),
-        ),
-        rollout_index=index,
-        seed=seed,
-    )
-
-
-def completions(outcomes: list[Completion | GenerationError]) -> list[Completion]:
-    assert all(isinstance(o, Completion) for o in outcomes), outcomes
-    return [o for o in outcomes if isinstance(o, Completion)]
 
 
 async def engine_output(engine: Engine, prompt_ids: list[int], seed: int) -> Any:
