@@ -48,9 +48,11 @@ class WarmPool(AsyncResource):
 
     ``take(spec)`` hands a ready one over (or creates one when none is ready) and starts
     refilling in the background, bounded: ready + being created never exceeds ``size``
-    per spec. Pooled containers carry the owner labels (the reaper and ``llenvs-async
-    cleanup`` find them) and ``llenvs.pool``. ``aclose`` stops refilling and removes every
-    container still in the pool, shielded and bounded by ``close_timeout``.
+    per spec; at most ``refill_concurrency`` are created at once in the background (a
+    take that finds none ready creates its own at once). Pooled containers carry the
+    owner labels (the reaper and ``llenvs-async cleanup`` find them) and ``llenvs.pool``.
+    ``aclose`` stops refilling and removes every container still in the pool, shielded
+    and bounded by ``close_timeout``.
     """
 
     def __init__(
@@ -62,9 +64,12 @@ class WarmPool(AsyncResource):
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         create_timeout: float = 120.0,
         close_timeout: float = 60.0,
+        refill_concurrency: int = 2,
     ) -> None:
         if size < 1:
             raise ValueError(f"WarmPool size must be >= 1, got {size!r}")
+        if refill_concurrency < 1:
+            raise ValueError(f"refill_concurrency must be >= 1, got {refill_concurrency!r}")
         self.engine = engine
         self.size = size
         self._shell: ShellKind = shell
@@ -72,6 +77,9 @@ class WarmPool(AsyncResource):
         self._create_timeout = create_timeout
         self._close_timeout = close_timeout
         self._buckets: dict[str, _Bucket] = {}
+        # Background creations yield to foreground work: the engine creates containers one
+        # at a time anyway, and a burst of them would compete with the replays just started.
+        self._refilling = asyncio.Semaphore(refill_concurrency)
         self._closed = False
         self.created = 0
         self.hits = 0
@@ -132,7 +140,10 @@ class WarmPool(AsyncResource):
 
     async def _fill_one(self, bucket: _Bucket) -> None:
         try:
-            warm = await self._create(bucket.spec)
+            async with self._refilling:
+                if self._closed:
+                    return
+                warm = await self._create(bucket.spec)
         except Exception as exc:  # a later take creates its own and reports the error
             _log.warning("warm pool: creating a %s container failed: %r", bucket.spec.image, exc)
             return

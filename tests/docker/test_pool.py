@@ -74,3 +74,29 @@ async def test_a_cancelled_take_leaves_no_container(
         with pytest.raises(asyncio.CancelledError):
             await task
     assert await _labelled(engine) == 0
+
+
+async def test_background_refills_are_bounded_by_refill_concurrency(
+    engine: DockerEngine, busybox_image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llenvs_async.docker import pool as pool_module
+
+    in_flight, peak = 0, 0
+    real_create = pool_module.Container.create
+
+    async def counting_create(*args, **kwargs):  # type: ignore[no-untyped-def]
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        try:
+            return await real_create(*args, **kwargs)
+        finally:
+            in_flight -= 1
+
+    monkeypatch.setattr(pool_module.Container, "create", counting_create)
+    spec = ContainerSpec(image=busybox_image)
+    async with WarmPool(engine, size=4, refill_concurrency=2) as pool:
+        await pool.fill(spec)
+        assert pool.ready(spec) == 4
+    assert peak == 2
+    assert await _labelled(engine) == 0
