@@ -130,6 +130,15 @@ class ActionPath(Sequence[Action]):
         node._tokens, node._prefix = tokens, None
         return node
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled (and deep-copied) flat: a chain of parent links would recurse once per
+        step and fail on long episodes (states travel to Ray actors on every step)."""
+        nodes = self._nodes()
+        root = nodes[0]._parent if nodes else self
+        assert root is not None
+        steps = [(n._action, n._observation, n._tokens, n._prefix) for n in nodes]
+        return (_rebuild_path, (root._initial, root._prefix, steps))
+
     def with_prefix(self, prefix: tuple[int, ...]) -> ActionPath:
         """This node again (same parent, action, observation), carrying the whole prompt
         ``prefix`` at this point: how a root, or a state whose steps lack token ids, gets
@@ -227,6 +236,18 @@ class ActionPath(Sequence[Action]):
 
     def __repr__(self) -> str:
         return repr(tuple(self))
+
+
+def _rebuild_path(
+    initial: Observation | None,
+    prefix: tuple[int, ...] | None,
+    steps: list[tuple[Action, Observation | None, TokenStep | None, tuple[int, ...] | None]],
+) -> ActionPath:
+    path = ActionPath(initial, prefix=prefix)
+    for action, observation, tokens, step_prefix in steps:
+        path = path.append(action, observation, tokens=tokens)
+        path._prefix = step_prefix
+    return path
 
 
 class History(Sequence[HistoryStep]):

@@ -106,3 +106,17 @@ def test_step_result_of_takes_the_flags_of_its_state() -> None:
     s = _state(terminated=True)
     r = StepResult.of(s, 1.0, {"k": "v"})
     assert r.terminated and not r.truncated and r.reward == 1.0 and r.info == {"k": "v"}
+
+
+def test_a_long_history_travels_flat() -> None:
+    """States go to Ray actors on every step: a 3000-step chain of parent links must not
+    recurse once per step when pickled (cloudpickle, as Ray does)."""
+    cloudpickle = pytest.importorskip("cloudpickle")
+    from llenvs_async import Action, Observation, State
+
+    state = State(observation=Observation(text="start"))
+    for i in range(3000):
+        state = state.advance(Action(text=f"a{i}"), Observation(text=f"o{i}"))
+    back = cloudpickle.loads(cloudpickle.dumps(state))
+    assert back.actions == state.actions and back.history == state.history
+    assert back.history.initial == Observation(text="start") and len(back.history) == 3000

@@ -165,20 +165,26 @@ class WarmPool(AsyncResource):
         return WarmContainer(container=container, shell=shell)
 
     async def aclose(self) -> None:
-        """Stop refilling and remove every pooled container (idempotent)."""
+        """Remove every ready container, then wait (bounded by ``close_timeout``) for the
+        creations in flight, which remove their own container once the pool is closed;
+        one still running after that is logged, not raised. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        await shielded(self._drain(), within=self._close_timeout)
-
-    async def _drain(self) -> None:
-        filling = {t for b in self._buckets.values() for t in b.filling}
-        if filling:  # a creation finishing now closes its container itself (pool closed)
-            await asyncio.wait(filling)
         ready = [w for b in self._buckets.values() for w in b.ready]
         for bucket in self._buckets.values():
             bucket.ready.clear()
-        await asyncio.gather(*(w.container.aclose() for w in ready), return_exceptions=True)
+        await shielded(
+            asyncio.gather(*(w.container.aclose() for w in ready), return_exceptions=True),
+            within=None,  # each container's removal is bounded by its own remove_timeout
+        )
+        filling = {t for b in self._buckets.values() for t in b.filling}
+        if not filling:
+            return
+        try:
+            await shielded(asyncio.wait(filling), within=self._close_timeout)
+        except TimeoutError:
+            _log.warning("warm pool: %d container creation(s) still running at close", len(filling))
 
 
 def _key(spec: ContainerSpec) -> str:

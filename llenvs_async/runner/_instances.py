@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 from .._shield import shielded
 from ..env import Environment
-from ..errors import RestoreError
+from ..errors import EnvError, RestoreError
 from ..types import State
 from ._config import RunConfig
 from ._rollout import Rollout, is_programming_error, with_saved_history
@@ -60,6 +60,16 @@ async def prepare_one(rollout: Rollout, cfg: RunConfig, closer: Closer) -> None:
         else:
             phase = "restore"
             state = with_saved_history(await _restore(env, spec.state, cfg), spec.state)
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is None or task.cancelling():
+            raise  # a real cancellation
+        # Leaked by a reset or restore without being cancelled: a failure of this rollout.
+        rollout.fail(
+            EnvError(f"{phase} raised CancelledError without being cancelled: {exc!r}"), phase
+        )
+        closer.close(rollout)
+        return
     except Exception as exc:
         if is_programming_error(exc):
             raise
@@ -103,6 +113,8 @@ async def _create(rollout: Rollout, cfg: RunConfig, closer: Closer) -> None:
         env = await factory()
         rollout.env, rollout.owns_env = env, True
         closer.opened()
+        if closer.shut:  # made after the run began tearing down: nothing else will close it
+            closer.close(rollout)
 
     await shielded(create(), within=None, grace=cfg.close_timeout)
 
@@ -120,6 +132,7 @@ class Closer:
         self._freed = asyncio.Event()
         self._on_freed = on_freed
         self.freed = 0  # closes ended so far
+        self.shut = False  # the run is tearing down: an instance made now is closed at once
 
     @property
     def closing(self) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Coroutine, Sequence
 from typing import Any, Literal
@@ -17,6 +18,8 @@ from ._slots import Slots
 from ._tokens import token_mismatch
 
 __all__ = ["Schedule", "run_rollouts"]
+
+_log = logging.getLogger("llenvs_async.runner")
 
 
 Schedule = Literal["refill", "chunks"]
@@ -82,22 +85,30 @@ class _Run:
         """What frees a slot: one of our instances closing, a preparation ending, or
         (shared cap) another run giving slots back."""
         waits: list[Coroutine[Any, Any, Any]] = [self.closer.freed_since(self.closer.freed)]
-        if self.preparing:
-            waits.append(asyncio.wait(set(self.preparing), return_when=asyncio.FIRST_COMPLETED))
+        running = {t for t in self.preparing if not t.done()}  # a done one wakes nobody again
+        if running:
+            waits.append(asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED))
         if self.shared is not None:
             waits.append(self.shared.freed_since(self.shared.freed))
         return waits
 
     async def stop_preparing(self) -> None:
-        """Cancel preparations still running; an instance made meanwhile is registered
-        (and then closed by the caller's drain)."""
+        """Cancel preparations still running. A factory call gets ``close_timeout`` of
+        grace to finish (its instance is then closed at once: the closer is shut); this
+        waits a little longer than that, and a preparation still running after it is
+        logged, not raised (teardown goes on)."""
+        self.closer.shut = True
         if not self.preparing:
             return
         for task in self.preparing:
             task.cancel()
-        await shielded(asyncio.wait(set(self.preparing)), within=self.cfg.close_timeout)
+        try:
+            await shielded(asyncio.wait(set(self.preparing)), within=2 * self.cfg.close_timeout)
+        except TimeoutError:
+            still = sum(1 for t in self.preparing if not t.done())
+            _log.warning("%d rollout preparation(s) still running at teardown", still)
         for task in self.preparing:
-            if not task.cancelled():
+            if task.done() and not task.cancelled():
                 task.exception()  # retrieved: the run is ending for another reason
         self.preparing.clear()
 
@@ -219,6 +230,9 @@ async def _round(active: Sequence[Rollout], cfg: RunConfig, closer: Closer) -> N
     needing = [r for r in active if r.pending_action is None and not r.finished]
     if needing:
         await _generate(needing, cfg)
+        for rollout in needing:
+            if rollout.finished:  # failed or over the context in generate: its slot frees
+                closer.close(rollout)  # only once its instance is closed
     stepping = [r for r in active if not r.finished]
     try:
         # asyncio's TaskGroup: ~3x cheaper per task than anyio's, and this is the hot path.

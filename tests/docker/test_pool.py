@@ -100,3 +100,44 @@ async def test_background_refills_are_bounded_by_refill_concurrency(
         assert pool.ready(spec) == 4
     assert peak == 2
     assert await _labelled(engine) == 0
+
+
+async def test_close_removes_ready_containers_even_while_a_creation_hangs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Engine-free: the third creation hangs; closing still removes the ready ones, is
+    bounded by close_timeout and raises nothing; the hung one removes its own later."""
+    from llenvs_async.docker.pool import WarmContainer
+
+    open_containers: set[object] = set()  # made and not yet closed
+    hang = asyncio.Event()
+
+    class Fake:
+        def __init__(self) -> None:
+            open_containers.add(self)
+
+        async def aclose(self) -> None:
+            open_containers.discard(self)
+
+    made = 0
+
+    async def fake_create(self: WarmPool, spec: ContainerSpec) -> WarmContainer:
+        nonlocal made
+        made += 1
+        if made > 2:
+            await hang.wait()
+        return WarmContainer(container=Fake(), shell=None)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(WarmPool, "_create", fake_create)
+    pool = WarmPool(engine=None, size=2, close_timeout=0.2)  # type: ignore[arg-type]
+    spec = ContainerSpec(image="x")
+    await pool.fill(spec)
+    warm = await pool.take(spec)  # the refill it starts hangs
+    await warm.container.aclose()
+    while made < 3:  # let the refill reach the engine
+        await asyncio.sleep(0)
+    await pool.aclose()  # bounded: returns though a creation still hangs
+    assert open_containers == set() and made == 3  # the ready one is gone
+    hang.set()
+    await pool.settle()
+    assert open_containers == set()  # made after the close: it removed itself

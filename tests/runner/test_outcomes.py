@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
+
 from llenvs_async import (
     BackendError,
     Completion,
@@ -60,4 +62,35 @@ async def test_one_failed_request_leaves_its_siblings_complete(counter_factory, 
     # over the context window: an episode outcome, not a framework error
     assert cut.stop_reason == "context_length" and cut.error is None and len(cut) == 1
     assert backend.batches[:2] == [4, 4] and backend.batches[2] == 2  # the round went on
+    assert tracker.live == 0
+
+
+class _Down:
+    """A backend that fails: the whole round (``raise_``) or every request on its own."""
+
+    def __init__(self, raise_: bool) -> None:
+        self.raise_ = raise_
+
+    async def generate(
+        self, requests: Sequence[GenerationRequest], params: SamplingParams
+    ) -> list[Completion | GenerationError]:
+        if self.raise_:
+            raise BackendError("server down")
+        return [GenerationError(error=BackendError("bad")) for _ in requests]
+
+    async def aclose(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize("schedule", ["refill", "chunks"])
+@pytest.mark.parametrize("raise_", [True, False], ids=["round", "per-request"])
+async def test_rollouts_failed_in_generate_free_their_slot_only_once_closed(
+    counter_factory, tracker, schedule, raise_
+) -> None:  # type: ignore[no-untyped-def]
+    runner = TrajectoryRunner(
+        environment=CounterEnv(), backend=_Down(raise_), env_factory=counter_factory()
+    )
+    trajs = await runner.run_batch(list(range(1, 9)), batch_size=2, schedule=schedule)
+    assert all(t.error is not None and t.error.phase == "generate" for t in trajs)
+    assert tracker.peak_live == 2 and runner.stats.peak_live_instances == 2
     assert tracker.live == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 
 import pytest
@@ -171,3 +172,60 @@ async def test_a_slow_restore_does_not_hold_the_rounds_back(tracker) -> None:  #
     assert [t.error for t in trajs] == [None, None, None]
     assert all(t.success for t in trajs) and tracker.live == 0
     assert runner.stats.peak_live_instances == 2
+
+
+async def test_a_prepared_input_waiting_for_a_slow_round_does_not_spin(
+    counter_factory, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Input 2 is prepared while round 2 (0.3 s of generate) runs: the loop must wait for
+    the round, not wake again and again on the finished preparation."""
+    from llenvs_async.runner import _lockstep
+
+    wakes = 0
+    real = _lockstep._first_of
+
+    async def counting(waits, keep=None):  # type: ignore[no-untyped-def]
+        nonlocal wakes
+        wakes += 1
+        return await real(waits, keep)
+
+    monkeypatch.setattr(_lockstep, "_first_of", counting)
+
+    class Slow(ScriptedBackend):
+        async def generate(self, requests, params):  # type: ignore[no-untyped-def]
+            if requests[0].step == 1:
+                await asyncio.sleep(0.3)
+            return await super().generate(requests, params)
+
+    runner = TrajectoryRunner(
+        environment=CounterEnv(), backend=Slow(counter_policy), env_factory=counter_factory()
+    )
+    trajs = await runner.run_batch([0, 2, 0, 0], batch_size=2)
+    assert all(t.success for t in trajs)
+    assert wakes < 20  # a spinning loop wakes thousands of times in 0.3 s
+
+
+async def test_breaking_off_while_a_slow_factory_runs_is_quiet_and_leak_free(tracker) -> None:  # type: ignore[no-untyped-def]
+    """Teardown gives a factory call its grace (close_timeout) and waits a little longer:
+    no TimeoutError escapes the early break, nothing stays open."""
+
+    async def slow_factory() -> CounterEnv:
+        await asyncio.sleep(0.5)
+        return CounterEnv(tracker=tracker)
+
+    env = CounterEnv()
+    states = [await env.reset(t) for t in (0, 3, 3, 3)]
+    runner = TrajectoryRunner(
+        environment=env,
+        backend=ScriptedBackend(counter_policy),
+        env_factory=slow_factory,
+        close_timeout=0.2,
+    )
+    seen = []
+    async with contextlib.aclosing(runner.iter_batch_from_states(states, batch_size=2)) as it:
+        async for traj in it:
+            seen.append(traj.index)
+            if traj.index == 1:
+                break
+    assert seen[-1] == 1
+    assert tracker.live == 0 and runner.stats.live_instances == 0

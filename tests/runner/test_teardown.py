@@ -309,3 +309,26 @@ async def test_closed_after_an_anyio_cancel_scope_expires(tracker) -> None:  # t
         await runner.run_batch([10**6] * 4)
     assert scope.cancelled_caught
     assert tracker.created == 4 and tracker.live == 0 and runner.stats.live_instances == 0
+
+
+@pytest.mark.parametrize("schedule", ["refill", "chunks"])
+async def test_a_reset_leaking_cancelled_error_is_a_recorded_failure(schedule) -> None:  # type: ignore[no-untyped-def]
+    """Nobody cancelled the run: a CancelledError out of reset is that rollout's failure."""
+
+    class Leaky(CounterEnv):
+        async def _reset(self, task, *, seed=None):  # type: ignore[no-untyped-def]
+            if task == 2:
+                raise asyncio.CancelledError("leaked from a library")
+            return await super()._reset(task, seed=seed)
+
+    async def factory() -> CounterEnv:
+        return Leaky()
+
+    runner = TrajectoryRunner(
+        environment=Leaky(), backend=ScriptedBackend(counter_policy), env_factory=factory
+    )
+    trajs = await runner.run_batch([1, 2, 3], batch_size=3, schedule=schedule)
+    assert [t.error is None for t in trajs] == [True, False, True]
+    assert trajs[1].error is not None and trajs[1].error.phase == "reset"
+    assert "without being cancelled" in trajs[1].error.message
+    assert runner.stats.live_instances == 0
