@@ -451,6 +451,11 @@ class Completion:
     ``tool_calls`` are the model's tool calls as the server returned them (OpenAI's
     ``{"id", "type": "function", "function": {"name", "arguments"}}`` objects); the
     runner copies them to ``Action.tool_calls`` for the environment.
+
+    ``policy_version`` is the backend's weight version when the completion finished;
+    ``version_spans`` (where the engine reports them) say which weights sampled which
+    tokens: ``(version, start, end)`` over ``token_ids``, for a request that ran across
+    an in-flight weight update.
     """
 
     text: str
@@ -459,6 +464,15 @@ class Completion:
     finish_reason: str | None = None
     prompt_token_ids: tuple[int, ...] = ()
     tool_calls: tuple[Any, ...] = ()
+    policy_version: int | None = None
+    version_spans: tuple[tuple[int, int, int], ...] = ()
+
+    @property
+    def policy_versions(self) -> tuple[int, ...]:
+        """Every weight version that sampled part of this completion, oldest first."""
+        if self.version_spans:
+            return tuple(sorted({v for v, _, _ in self.version_spans}))
+        return () if self.policy_version is None else (self.policy_version,)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -557,6 +571,18 @@ class Trajectory:
     @property
     def actions(self) -> tuple[Action, ...]:
         return tuple(t.action for t in self.transitions)
+
+    @property
+    def policy_versions(self) -> tuple[int, ...]:
+        """The weight versions this rollout's generated actions came from, oldest first
+        (empty when the backend reports none, or every action was forced)."""
+        versions = {
+            v
+            for t in self.transitions
+            if t.completion is not None
+            for v in t.completion.policy_versions
+        }
+        return tuple(sorted(versions))
 
     @property
     def states(self) -> tuple[State, ...]:
