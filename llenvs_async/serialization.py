@@ -50,6 +50,7 @@ __all__ = [
     "JsonlWriter",
     "SerializationError",
     "from_dict",
+    "iter_jsonl",
     "read_jsonl",
     "read_trajectories",
     "to_dict",
@@ -729,6 +730,12 @@ def _iter_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         if not isinstance(record, dict):
             raise SerializationError(f"{path}:{number}: expected a JSON object per line")
         yield number, record
+
+
+def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, record)`` of every record of a JSONL file, ignoring a truncated last
+    line, for readers whose own errors name the line."""
+    return _iter_lines(Path(path))
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ from .qvalues import q_values
 from .replay import validate_replay
 from .run import run as run_command
 from .tasks import tasks_app
+from .view import view
 
 __all__ = ["app", "main"]
 
@@ -37,6 +38,7 @@ app.command("q-values")(q_values)
 app.command("validate-replay")(validate_replay)
 app.command("cleanup")(cleanup)
 app.command("export")(export)
+app.command("view")(view)
 app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
     bench_command
 )

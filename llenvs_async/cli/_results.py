@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.table import Table
 
@@ -14,7 +15,14 @@ from ..types import Trajectory
 from ._common import CliError
 from ._sources import SourceSpec
 
-__all__ = ["ResultRecord", "load_results", "record_fields", "summary_table", "unique_by_key"]
+__all__ = [
+    "ResultRecord",
+    "load_results",
+    "parse_result",
+    "record_fields",
+    "summary_table",
+    "unique_by_key",
+]
 
 Key = tuple[int | str, int]
 
@@ -41,27 +49,28 @@ def load_results(path: Path) -> list[ResultRecord]:
     if not path.is_file():
         raise CliError(f"results file {str(path)!r} does not exist")
     try:
-        raw = read_jsonl(path)
-        out = []
-        for number, record in enumerate(raw, start=1):
-            where = f"{path}: record {number}"
-            key = record.get("key")
-            if not isinstance(key, dict) or not isinstance(key.get("rollout"), int):
-                raise CliError(f"{where}: no 'key' with task and rollout (not a results file?)")
-            task = key.get("task")
-            if not isinstance(task, int | str):
-                raise CliError(f"{where}: key.task must be an int or a string, got {task!r}")
-            out.append(
-                ResultRecord(
-                    task=task,
-                    rollout=key["rollout"],
-                    source=SourceSpec.from_json(record.get("source"), where),
-                    trajectory=from_dict(Trajectory, record.get("trajectory") or {}),
-                )
-            )
+        return [
+            parse_result(record, f"{path}: record {number}")
+            for number, record in enumerate(read_jsonl(path), start=1)
+        ]
     except SerializationError as exc:
         raise CliError(f"{path}: {exc}", code=1) from None
-    return out
+
+
+def parse_result(record: Mapping[str, Any], where: str) -> ResultRecord:
+    """One results-file record; ``where`` (file and record) starts every error message."""
+    key = record.get("key")
+    if not isinstance(key, dict) or not isinstance(key.get("rollout"), int):
+        raise CliError(f"{where}: no 'key' with task and rollout (not a results file?)")
+    task = key.get("task")
+    if not isinstance(task, int | str):
+        raise CliError(f"{where}: key.task must be an int or a string, got {task!r}")
+    return ResultRecord(
+        task=task,
+        rollout=key["rollout"],
+        source=SourceSpec.from_json(record.get("source"), where),
+        trajectory=from_dict(Trajectory, record.get("trajectory") or {}),
+    )
 
 
 def unique_by_key(records: Iterable[ResultRecord]) -> list[ResultRecord]:

@@ -1,0 +1,282 @@
+"""Results and estimate files read, checked and turned into the JSON document the page shows.
+
+A file is a results JSONL (``llenvs-async run``: one record per line, a truncated last line
+ignored as everywhere) or a ``q-values --json`` list. Anything else fails with ONE
+``ViewerInputError`` naming the file, the line (JSONL) or item (estimates), and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..cli._common import CliError
+from ..cli._results import ResultRecord, parse_result, unique_by_key
+from ..errors import LlenvsError
+from ..serialization import SerializationError, iter_jsonl
+from ..types import Trajectory
+
+__all__ = ["ViewerInputError", "load_files", "trajectory_detail"]
+
+Json = dict[str, Any]
+_HINT = "(expected a results JSONL of `llenvs-async run` or the JSON of `q-values --json`)"
+
+
+class ViewerInputError(LlenvsError, ValueError):
+    """A file given to the viewer is missing, truncated or not one it can show."""
+
+
+def load_files(paths: Sequence[Path]) -> tuple[Json, list[Json]]:
+    """The page's document (files, run rows, value-tree nodes) and every trajectory's
+    detail, indexed by the run rows' ``id``."""
+    files: list[Json] = []
+    runs: list[Json] = []
+    details: list[Json] = []
+    estimates: list[tuple[int, list[Json]]] = []
+    for index, path in enumerate(paths):
+        kind, items = _read(path)
+        files.append({"path": str(path), "kind": kind, "records": len(items)})
+        if kind == "values":
+            estimates.append((index, items))
+            continue
+        records = [r for r in items if isinstance(r, ResultRecord)]
+        for record in unique_by_key(records):
+            row = _run_row(len(runs), index, record)
+            runs.append(row)
+            details.append(trajectory_detail(row, record.trajectory))
+    values = [node for index, rows in estimates for node in _value_nodes(index, rows, details)]
+    return {"files": files, "runs": runs, "values": values}, details
+
+
+# -- reading -----------------------------------------------------------------------------
+
+
+def _read(path: Path) -> tuple[str, list[Any]]:
+    if not path.exists():
+        raise ViewerInputError(f"{path}: no such file", path=str(path))
+    if not path.is_file():
+        raise ViewerInputError(f"{path}: not a file", path=str(path))
+    head = _first_char(path)
+    if head == "":
+        raise ViewerInputError(f"{path}: the file is empty {_HINT}", path=str(path))
+    if head == "[":
+        return "values", _read_estimates(path)
+    if head == "{":
+        return "run", _read_results(path)
+    raise ViewerInputError(f"{path}: starts with {head!r} {_HINT}", path=str(path))
+
+
+def _first_char(path: Path) -> str:
+    with path.open("rb") as f:
+        chunk = f.read(4096).lstrip()
+    return chunk[:1].decode("latin-1")
+
+
+def _read_results(path: Path) -> list[Any]:
+    out: list[Any] = []
+    number = 0
+    try:
+        for number, record in iter_jsonl(path):
+            where = f"{path}:{number}"
+            try:
+                out.append(parse_result(record, where))
+            except SerializationError as exc:
+                raise ViewerInputError(f"{where}: {exc}", path=str(path), line=number) from None
+    except CliError as exc:
+        raise ViewerInputError(str(exc), path=str(path), line=number) from None
+    except SerializationError as exc:
+        if _is_one_json_object(path):
+            message = f"{path}: one JSON object over several lines, not a results JSONL {_HINT}"
+            raise ViewerInputError(message, path=str(path)) from None
+        raise ViewerInputError(str(exc), path=str(path)) from None
+    if not out:
+        raise ViewerInputError(f"{path}: no complete record {_HINT}", path=str(path))
+    return out
+
+
+def _is_one_json_object(path: Path) -> bool:
+    try:
+        return isinstance(json.loads(path.read_bytes()), dict)
+    except ValueError:
+        return False
+
+
+def _read_estimates(path: Path) -> list[Any]:
+    try:
+        data = json.loads(path.read_bytes())
+    except ValueError as exc:
+        where = f"line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else "decoding"
+        message = f"{path}: invalid JSON at {where} (truncated?): {exc}"
+        raise ViewerInputError(message, path=str(path)) from None
+    assert isinstance(data, list)
+    if not data:
+        raise ViewerInputError(f"{path}: an empty list, no estimates {_HINT}", path=str(path))
+    return [_estimate(item, f"{path}: item {i}") for i, item in enumerate(data)]
+
+
+_NUMBER = (int, float)
+
+
+def _estimate(item: Any, where: str) -> Json:
+    """One row of ``q-values --json`` checked field by field."""
+    if not isinstance(item, dict):
+        raise ViewerInputError(f"{where}: expected an object, got {type(item).__name__} {_HINT}")
+
+    def get(key: str, kinds: tuple[type, ...], optional: bool = False) -> Any:
+        if key not in item:
+            raise ViewerInputError(f"{where}: missing field {key!r} {_HINT}", field=key)
+        value = item[key]
+        if (value is None and optional) or (
+            isinstance(value, kinds) and not isinstance(value, bool)
+        ):
+            return value
+        raise ViewerInputError(f"{where}.{key}: unexpected value {value!r:.60} {_HINT}", field=key)
+
+    kind = get("kind", (str,))
+    if kind not in ("V", "Q"):
+        raise ViewerInputError(f"{where}.kind: expected 'V' or 'Q', got {kind!r}", field="kind")
+    prefix, returns = get("prefix", (list,)), get("returns", (list,))
+    if not all(isinstance(a, str) for a in prefix):
+        raise ViewerInputError(f"{where}.prefix: expected a list of action texts", field="prefix")
+    if not all(isinstance(r, _NUMBER) and not isinstance(r, bool) for r in returns):
+        raise ViewerInputError(f"{where}.returns: expected a list of numbers", field="returns")
+    bounds = get("reward_range", (list,), optional=True)
+    if bounds is not None and not (
+        len(bounds) == 2 and all(b is None or isinstance(b, _NUMBER) for b in bounds)
+    ):
+        raise ViewerInputError(f"{where}.reward_range: expected [lo, hi]", field="reward_range")
+    return {
+        "task": get("task", (int, str)),
+        "step": get("step", (int,)),
+        "prefix": prefix,
+        "kind": kind,
+        "action": get("action", (str,), optional=kind == "V"),
+        "mean": get("mean", _NUMBER, optional=True),
+        "ci_low": get("ci_low", _NUMBER, optional=True),
+        "ci_high": get("ci_high", _NUMBER, optional=True),
+        "stderr": get("stderr", _NUMBER, optional=True),
+        "n": get("n", (int,)),
+        "failed": get("failed", (int,)),
+        "returns": returns,
+        "method": get("method", (str,)),
+        "reward_range": bounds,
+    }
+
+
+# -- the document ------------------------------------------------------------------------
+
+
+def _run_row(ident: int, file: int, record: ResultRecord) -> Json:
+    t = record.trajectory
+    error = t.error
+    return {
+        "id": ident,
+        "file": file,
+        "task": record.task,
+        "rollout": record.rollout,
+        "steps": len(t),
+        "return": _finite(t.total_reward),
+        "success": t.success,
+        "stop": t.stop_reason,
+        "error": None if error is None else {"type": error.type, "phase": error.phase},
+    }
+
+
+def trajectory_detail(row: Mapping[str, Any], t: Trajectory) -> Json:
+    """Everything the trajectory page shows, as JSON values."""
+    steps = []
+    for i, tr in enumerate(t.transitions):
+        c = tr.completion
+        steps.append(
+            {
+                "step": i,
+                "action": tr.action.text,
+                "tool_calls": _jsonable(tr.action.tool_calls),
+                "observation": tr.next_state.observation.text,
+                "reward": _finite(tr.reward),
+                "terminated": tr.next_state.terminated,
+                "truncated": tr.next_state.truncated,
+                "completion": None
+                if c is None
+                else {
+                    "finish_reason": c.finish_reason,
+                    "tokens": len(c.token_ids),
+                    "prompt_tokens": len(c.prompt_token_ids),
+                    "policy_versions": list(c.policy_versions),
+                },
+                "info": _jsonable(tr.info),
+            }
+        )
+    record = t.token_record()
+    info = _jsonable(t.info)
+    return {
+        **row,
+        "episode_id": t.episode_id,
+        "system_prompt": info.get("system_prompt") if isinstance(info, dict) else None,
+        "initial": t.initial_state.observation.text,
+        "steps": steps,
+        "error": None
+        if t.error is None
+        else {
+            "type": t.error.type,
+            "phase": t.error.phase,
+            "message": t.error.message,
+            "traceback": t.error.traceback,
+            "details": _jsonable(t.error.details),
+        },
+        "info": info,
+        "tokens": None
+        if record is None
+        else {
+            "input_ids": list(record.input_ids),
+            "loss_mask": list(record.loss_mask),
+            "turns": [list(span) for span in record.turns],
+            "prompt_length": record.prompt_length,
+            "sampled": sum(record.loss_mask),
+        },
+    }
+
+
+def _value_nodes(file: int, rows: list[Json], details: list[Json]) -> list[Json]:
+    """One node per estimated state (task, step, action prefix): V(s) and each Q(s, a), with
+    the loaded trajectories that pass through the state (and which action each took)."""
+    nodes: dict[tuple[str, int, str], Json] = {}
+    for row in rows:
+        key = (json.dumps(row["task"]), row["step"], json.dumps(row["prefix"]))
+        node = nodes.setdefault(
+            key,
+            {"file": file, "task": row["task"], "step": row["step"], "prefix": row["prefix"],
+             "v": None, "q": [], "through": []},
+        )  # fmt: skip
+        estimate = {k: row[k] for k in row if k not in ("task", "step", "prefix", "kind")}
+        if row["kind"] == "V":
+            node["v"] = estimate
+        else:
+            node["q"].append(estimate)
+    for node in nodes.values():
+        step, prefix = node["step"], node["prefix"]
+        for d in details:
+            actions = [s["action"] for s in d["steps"]]
+            if d["task"] == node["task"] and len(actions) > step and actions[:step] == prefix:
+                node["through"].append({"id": d["id"], "action": actions[step]})
+    return list(nodes.values())
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def _jsonable(value: Any) -> Any:
+    """Free-form fields (info, tool calls) as plain JSON (tuples as lists, odd values as text)."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return _finite(value)
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return repr(value)
