@@ -20,7 +20,11 @@
   }
   function getTrajectory(id) {
     if (embeddedDetails !== null) {
-      if (detailsCache === null) detailsCache = JSON.parse(embeddedDetails);
+      if (detailsCache === null) {
+        const started = performance.now();
+        detailsCache = JSON.parse(embeddedDetails);
+        timings.details_parse_ms = performance.now() - started;
+      }
       return Promise.resolve(detailsCache[id] || null);
     }
     return fetch("api/trajectory/" + id).then((r) => (r.ok ? r.json() : null));
@@ -240,7 +244,7 @@
     }
     show(
       h("p", {}, h("a", { href: "#/runs" }, "\u2190 runs")),
-      h("h2", { class: t.error ? "bad" : "" }, `Trajectory ${t.id}: task ${short(t.task)}, rollout ${t.rollout}`, t.error ? " (failed)" : ""),
+      h("h2", { id: "traj-title", "data-id": t.id, class: t.error ? "bad" : "" }, `Trajectory ${t.id}: task ${short(t.task)}, rollout ${t.rollout}`, t.error ? " (failed)" : ""),
       h("dl", { class: "facts" }, facts.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])),
       t.error
         ? h(

@@ -1,0 +1,239 @@
+"""The viewer in real headless Chromium: served on 127.0.0.1 and as a ``--html`` file."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+
+from llenvs_async.cli import main
+from llenvs_async.cli._results import load_results
+from llenvs_async.viewer.model import load_files
+from llenvs_async.viewer.server import serving
+
+from .conftest import Generated
+from .test_model import _token_trajectories, token_file
+
+
+def wait_ready(driver: Any, url: str) -> None:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get("about:blank")
+    driver.get(url)
+    WebDriverWait(driver, 60).until(
+        lambda d: d.execute_script("return document.body.dataset.ready === '1'")
+    )
+
+
+def open_trajectory(driver: Any, row: Any) -> None:
+    """Click a run row and wait for its trajectory page (fetched or parsed on first use)."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    ident = row.get_attribute("data-id")
+    row.click()
+    WebDriverWait(driver, 60).until(
+        lambda d: d.find_elements("css selector", f'#traj-title[data-id="{ident}"]')
+    )
+
+
+def css(driver: Any, selector: str) -> list[Any]:
+    return list(driver.find_elements("css selector", selector))
+
+
+def text(driver: Any, selector: str) -> str:
+    return str(driver.find_element("css selector", selector).text)
+
+
+@pytest.fixture(scope="module")
+def served(generated: Generated) -> Iterator[str]:
+    document, details = load_files([generated.runs, generated.values0, generated.values1])
+    with serving(document, details) as server:
+        yield server.url
+
+
+@pytest.fixture(scope="module")
+def html_file(generated: Generated, tmp_path_factory: pytest.TempPathFactory) -> str:
+    out = tmp_path_factory.mktemp("html") / "view.html"
+    files = [str(generated.runs), str(generated.values0), str(generated.values1)]
+    assert main(["view", *files, "--html", str(out)]) == 0
+    return out.as_uri()
+
+
+@pytest.fixture(params=["served", "file"])
+def page(request: pytest.FixtureRequest) -> str:
+    """The same page two ways: from the server, and the --html file over file://."""
+    return str(request.getfixturevalue("served" if request.param == "served" else "html_file"))
+
+
+def test_run_list_shows_the_counts_of_the_file(
+    browser: Any, page: str, generated: Generated
+) -> None:
+    records = load_results(generated.runs)
+    wait_ready(browser, page)
+    assert text(browser, "#total-row .rollouts") == str(len(records)) == "20"
+    errors = sum(r.trajectory.error is not None for r in records)
+    assert text(browser, "#total-row .errors") == str(errors)
+    success = sum(r.trajectory.success for r in records) / len(records)
+    assert text(browser, "#total-row .success") == f"{round(100 * success)}%"
+    per_task = {str(t): sum(r.task == t for r in records) for t in {r.task for r in records}}
+    rows = {r.get_attribute("data-task"): r for r in css(browser, "#task-summary .task-row")}
+    assert {k: int(v.find_element("css selector", ".rollouts").text) for k, v in rows.items()} == (
+        per_task
+    )
+    assert len(css(browser, "#run-table .run-row")) == 20
+    assert len(css(browser, "#run-table .run-row.failed")) == errors > 0
+    # filters: with error only, then a task on top
+    browser.find_element("css selector", "#filter-error option[value=error]").click()
+    assert text(browser, "#match-count") == f"{errors} of 20 trajectories"
+    assert len(css(browser, "#run-table .run-row")) == errors
+    assert all("failed" in r.get_attribute("class") for r in css(browser, "#run-table .run-row"))
+    browser.find_element("css selector", "#filter-success option[value=success]").click()
+    assert text(browser, "#match-count") == "0 of 20 trajectories"  # a failed one never succeeds
+    browser.find_element("css selector", "#filter-error option[value=all]").click()
+    css(browser, '#task-summary .task-row[data-task="2"]')[0].click()  # filters by its task
+    assert text(browser, "#match-count") == (
+        f"{sum(r.task == 2 and r.trajectory.success for r in records)} of 20 trajectories"
+    )
+
+
+def test_clicking_a_trajectory_shows_its_actions(
+    browser: Any, page: str, generated: Generated
+) -> None:
+    records = load_results(generated.runs)
+    wait_ready(browser, page)
+    rows = css(browser, "#run-table .run-row")
+    ok = [i for i, r in enumerate(records) if r.trajectory.error is None]
+    longest = max(ok, key=lambda i: len(records[i].trajectory))
+    open_trajectory(browser, rows[longest])
+    traj = records[longest].trajectory
+    assert len(traj) >= 2
+    actions = [e.text for e in css(browser, "#messages .msg-action pre")]
+    assert actions == [a.text for a in traj.actions]
+    observations = [e.text for e in css(browser, "#messages .msg-observation pre")]
+    assert observations == [s.observation.text for s in traj.states]
+    assert not css(browser, "#traj-error")
+    # a failed one: its error, with type and phase
+    wait_ready(browser, page)
+    failed = next(i for i, r in enumerate(records) if r.trajectory.error is not None)
+    open_trajectory(browser, css(browser, "#run-table .run-row")[failed])
+    error = records[failed].trajectory.error
+    assert error is not None
+    box = text(browser, "#traj-error")
+    assert f"{error.type} in phase {error.phase}" in box and error.message in box
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def test_value_tree_shows_the_intervals(browser: Any, page: str, generated: Generated) -> None:
+    rows = generated.estimates()
+    wait_ready(browser, page + "#/values")
+    estimates = css(browser, ".estimate")
+    assert len(estimates) == len(rows)
+    shown = []
+    for e in estimates:
+        line = e.find_element("css selector", ".est-line")
+        label = line.find_element("css selector", ".est-label").text
+        ci = line.find_element("css selector", ".est-ci").text
+        bar = line.find_element("css selector", ".bar-ci").get_attribute("style")
+        left, width = (float(x) for x in re.findall(r"([\d.]+)%", bar))
+        shown.append((label, ci, round(left, 3), round(left + width, 3)))
+    expected = []
+    for r in rows:
+        label = "V(s)" if r["kind"] == "V" else f"Q(s, {r['action']})"
+        lo, hi = r["reward_range"]
+        ci = f"[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}]"
+        left = 100 * (r["ci_low"] - lo) / (hi - lo)
+        width = max(100 * (r["ci_high"] - lo) / (hi - lo) - left, 0.5)
+        expected.append((label, ci, round(left, 3), round(left + width, 3)))
+    assert sorted(shown) == sorted(expected)
+    # the step-1 states sit inside their step-0 parent's Q(s, a) row
+    assert len(css(browser, ".state-node .children .state-node")) == len(
+        {(r["task"], r["step"]) for r in rows if r["step"] == 1}
+    )
+    # failed rollouts are marked: Q(s, dec) crashed every time
+    failed = sum(r["failed"] for r in rows)
+    assert len(css(browser, ".ret.failed-rollout")) == failed > 0
+    assert css(browser, ".estimate.has-failed")
+    details = css(browser, "details.rollouts")[0]
+    assert not details.find_element("css selector", ".returns").is_displayed()
+    details.find_element("css selector", "summary").click()
+    chips = details.find_elements("css selector", ".returns .ret")
+    assert chips and all(c.is_displayed() for c in chips)
+    assert details.find_elements("css selector", ".through a.traj-link")  # into the runs
+
+
+def test_screenshot_of_the_value_tree_is_not_blank(
+    browser: Any, served: str, tmp_path: Path
+) -> None:
+    wait_ready(browser, served + "#/values")
+    for summary in css(browser, "details.rollouts summary")[:2]:
+        summary.click()
+    path = tmp_path / "value-tree.png"
+    assert browser.save_screenshot(str(path))
+    with Image.open(path) as image:
+        assert image.width >= 800 and image.height >= 600
+        colours = image.convert("RGB").getcolors(maxcolors=1 << 20)
+    assert colours is not None and len(colours) > 50  # text, bars and chips, not a blank page
+
+
+async def test_token_mode_shows_the_loss_mask(browser: Any, tmp_path: Path) -> None:
+    trajs = await _token_trajectories()
+    document, details = load_files([token_file(tmp_path / "tok.jsonl", trajs)])
+    record = trajs[0].token_record()
+    assert record is not None
+    with serving(document, details) as server:
+        wait_ready(browser, server.url + "#/t/0")
+        tokens = css(browser, "#loss-mask .tok")
+        assert len(tokens) == len(record.input_ids)
+        assert len(css(browser, "#loss-mask .tok.m1")) == sum(record.loss_mask) > 0
+        assert f"sampled {sum(record.loss_mask)}" in text(browser, "#token-summary")
+
+
+def _big_file(generated: Generated, path: Path, copies: int) -> Path:
+    """``copies`` times the generated file, each copy with its own rollout numbers."""
+    lines = generated.runs.read_text().splitlines()
+    with path.open("w") as f:
+        for k in range(copies):
+            for line in lines:
+                record = json.loads(line)
+                record["key"]["rollout"] += 1000 * k
+                f.write(json.dumps(record) + "\n")
+    return path
+
+
+def test_ten_thousand_trajectories_paginate(
+    browser: Any, generated: Generated, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    big = _big_file(generated, tmp_path / "big.jsonl", 500)
+    started = time.perf_counter()
+    document, details = load_files([big])
+    loaded = time.perf_counter() - started
+    assert len(document["runs"]) == 10_000
+    out = tmp_path / "big.html"
+    assert main(["view", str(big), "--html", str(out)]) == 0
+    timings = {}
+    with serving(document, details) as server:
+        for name, url in (("file", out.as_uri()), ("served", server.url)):
+            wait_ready(browser, url)
+            assert text(browser, "#run-pager .pager-info") == "page 1 of 200"
+            assert len(css(browser, "#run-table .run-row")) == 50  # only one page in the DOM
+            assert len(css(browser, "#task-summary .task-row")) == 5
+            assert text(browser, "#total-row .rollouts") == "10000"
+            browser.find_element("css selector", "#run-pager .next").click()
+            assert text(browser, "#run-pager .pager-info") == "page 2 of 200"
+            first = css(browser, "#run-table .run-row")[0]
+            assert first.get_attribute("data-id") == "50"
+            open_trajectory(browser, first)
+            assert css(browser, "#messages .msg-action")
+            timings[name] = browser.execute_script("return window.__viewerTimings")
+    with capsys.disabled():
+        print(f"\n10,000 trajectories: python load {loaded:.2f}s, "
+              f"{out.stat().st_size / 1e6:.1f} MB html, browser {timings}")  # fmt: skip
