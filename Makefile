@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install vllm tiny-model test test-fast test-ray lint demo bench docker images clean
+.PHONY: install vllm tiny-model test test-fast test-ray lint demo bench docker images browser clean
 
 install: $(STAMP)
 
@@ -30,11 +30,15 @@ docker:
 images: install docker
 	$(PY) -m llenvs_async.docker.images build-all
 
-test: install vllm docker images
+# Headless Chromium + chromedriver (Debian packages) for the `browser` tier (the viewer).
+browser:
+	bash scripts/ensure-chromium.sh
+
+test: install vllm docker images browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: install
-	$(PY) -m pytest -m 'not docker and not vllm and not ray' $(PYTEST_ARGS)
+	$(PY) -m pytest -m 'not docker and not vllm and not ray and not browser' $(PYTEST_ARGS)
 
 # The Ray tier alone: a two-node cluster on 127.0.0.1 (Ray comes with the dev extra).
 test-ray: install docker images

@@ -187,9 +187,12 @@ def _run_row(ident: int, file: int, record: ResultRecord) -> Json:
 
 def trajectory_detail(row: Mapping[str, Any], t: Trajectory) -> Json:
     """Everything the trajectory page shows, as JSON values."""
+    record = t.token_record()
     steps = []
     for i, tr in enumerate(t.transitions):
         c = tr.completion
+        # token mode: turn i's prompt is input_ids[:turns[i][0]] even when c kept no prompt ids
+        prompt = record.turns[i][0] if record is not None else 0
         steps.append(
             {
                 "step": i,
@@ -204,13 +207,12 @@ def trajectory_detail(row: Mapping[str, Any], t: Trajectory) -> Json:
                 else {
                     "finish_reason": c.finish_reason,
                     "tokens": len(c.token_ids),
-                    "prompt_tokens": len(c.prompt_token_ids),
+                    "prompt_tokens": len(c.prompt_token_ids) or prompt,
                     "policy_versions": list(c.policy_versions),
                 },
                 "info": _jsonable(tr.info),
             }
         )
-    record = t.token_record()
     info = _jsonable(t.info)
     return {
         **row,

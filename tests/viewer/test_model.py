@@ -87,6 +87,8 @@ async def test_token_mode_detail_has_the_loss_mask(tmp_path: Path) -> None:
         assert detail["tokens"]["loss_mask"] == list(record.loss_mask)
         assert detail["tokens"]["sampled"] == sum(record.loss_mask) > 0
         assert detail["steps"][0]["completion"]["tokens"] == len(tok_ids(traj))
+        prompts = [s["completion"]["prompt_tokens"] for s in detail["steps"]]
+        assert prompts == [start for start, _ in record.turns]  # what each turn was sent
 
 
 def tok_ids(traj: Trajectory) -> tuple[int, ...]:

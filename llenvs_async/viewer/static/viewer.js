@@ -221,7 +221,7 @@
       ["success", t.success ? "yes" : "no"],
       ["stop reason", t.stop],
       ["completion tokens", tokens],
-      ["last prompt tokens", last ? last.completion.prompt_tokens : "-"],
+      ["prompt tokens (last turn)", last ? last.completion.prompt_tokens : "-"],
       ["timing", timingText(t.info)],
     ];
     const messages = [];
@@ -318,7 +318,7 @@
     const chips = e.returns.map((x) => h("span", { class: "ret", style: `--v:${(x - lo) / (hi - lo)}` }, fmt(x, 2)));
     return h(
       "div",
-      { class: "estimate " + cls + (e.failed ? " has-failed" : "") },
+      { class: "estimate " + cls + (e.failed ? " has-failed" : "") + (e.n === 0 ? " no-data" : "") },
       h(
         "div",
         { class: "est-line" },
