@@ -200,6 +200,7 @@ def test_server_answers_api_and_closes(generated: Generated) -> None:
             page = response.read().decode()
         assert 'type="application/json">null</script>' in page  # fetched, not embedded
         port = server.server_address[1]
+    server.close()  # idempotent: already closed on leaving the block
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5)
 
@@ -226,3 +227,18 @@ def test_view_command_serves_until_interrupted(generated: Generated) -> None:
             child.wait()
     assert child.returncode == 0, err
     assert "stopped" in out
+
+
+def test_a_retried_rollout_shows_once_the_last_written(
+    generated: Generated, tmp_path: Path
+) -> None:
+    lines = generated.runs.read_text().splitlines()
+    retry = json.loads(lines[0])
+    retry["trajectory"]["episode_id"] = "the-retry"
+    path = tmp_path / "retried.jsonl"
+    path.write_text("\n".join([*lines, json.dumps(retry)]) + "\n")
+    document, details = load_files([path])
+    assert len(document["runs"]) == len(lines)
+    key = (retry["key"]["task"], retry["key"]["rollout"])
+    (shown,) = [d for d in details if (d["task"], d["rollout"]) == key]
+    assert shown["episode_id"] == "the-retry"
