@@ -8,9 +8,11 @@ PACKAGES=(chromium chromium-driver)
 say() { echo "ensure-chromium: $*"; }
 die() { echo "ensure-chromium: ERROR: $*" >&2; exit 1; }
 present() { command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; }
+# The package's version (instant), not `chromium --version` (starts the browser).
+version() { dpkg-query -W -f='${Version}' chromium 2>/dev/null || echo '?'; }
 
 if present; then
-    say "present ($(chromium --version 2>/dev/null || echo '?'))"
+    say "present (chromium $(version))"
     exit 0
 fi
 [ "$(id -u)" = 0 ] || die "chromium/chromedriver are missing, and installing them needs root: rerun as root"
@@ -27,4 +29,4 @@ if [ "${#missing[@]}" -gt 0 ]; then
         || die "apt-get install ${missing[*]} failed"
 fi
 present || die "chromium or chromedriver is missing even after installing ${PACKAGES[*]}"
-say "installed ($(chromium --version 2>/dev/null || echo '?'))"
+say "installed (chromium $(version))"
