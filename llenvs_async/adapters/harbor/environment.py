@@ -52,7 +52,7 @@ from .artifacts import collect_artifacts, run_collect_hooks, save_artifacts, tra
 from .dataset import HarborDataset
 from .image import TASK_IMAGE_LABEL, TaskImages
 from .task import HarborTask, VerifierConfig, resolve_env
-from .verification import run_separate, run_tests
+from .verification import run_separate, run_tests, verifier_environment
 from .verifier import VerifierResult
 
 __all__ = [
@@ -319,8 +319,9 @@ class HarborEnvironment(ShellTaskEnvironment):
         line = log[start : end if end >= 0 else len(log)].strip()
         if network:
             why = "its container was given a network but could not resolve or reach the host"
-        elif not task.config.environment.wants_network:
-            why = "its container has none: the task's network_mode is 'no-network'"
+        elif not verifier_environment(task).wants_network:
+            table = "[verifier.environment]" if task.config.verifier.separate else "task"
+            why = f"its container has none: the {table}'s network_mode is 'no-network'"
         else:
             why = (
                 "its container has none: the run grants none "

@@ -62,6 +62,7 @@ SOLUTION_DIR = "/solution"
 _IGNORED_KEYS: tuple[str, ...] = ()
 _STEP_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 REWARD_STRATEGIES = ("mean", "final")
+_IGNORED_STEP_KEYS = ("healthcheck", "artifacts")
 _log = logging.getLogger("llenvs_async.harbor")
 COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
 
@@ -451,7 +452,7 @@ def parse_task_config(text: str, *, path: str = "task.toml") -> TaskConfig:
         environment=_environment(root.table("environment")),
         solution=SolutionConfig(env=root.table("solution").str_map("env")),
         steps=_steps(root, path),
-        ignored=tuple(key for key in _IGNORED_KEYS if root.has(key)),
+        ignored=tuple(key for key in _IGNORED_KEYS if root.has(key)) + _ignored_step_keys(root),
         artifacts=_artifacts(root, "artifacts"),
         step_configs=_step_configs(root, path),
         multi_step_reward_strategy=_strategy(root),
@@ -463,6 +464,17 @@ def _steps(root: _Table, path: str) -> int:
     if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
         raise root.error("steps", value, "must be an array of tables ([[steps]])")
     return len(value)
+
+
+def _ignored_step_keys(root: _Table) -> tuple[str, ...]:
+    """Per-step keys Harbor has that no step of ours acts on (logged on load)."""
+    found = []
+    for index, data in enumerate(root.data.get("steps", [])):
+        found += [f"steps[{index}].{key}" for key in _IGNORED_STEP_KEYS if key in data]
+        verifier = data.get("verifier")
+        if isinstance(verifier, dict) and "artifacts" in verifier:
+            found.append(f"steps[{index}].verifier.artifacts")
+    return tuple(found)
 
 
 def _strategy(root: _Table) -> str:

@@ -27,7 +27,14 @@ from .image import TASK_IMAGE_LABEL, TaskImages
 from .task import EnvironmentConfig, HarborTask, resolve_env
 from .verifier import REWARD_JSON, REWARD_TXT, VERIFIER_LOG_DIR, VerifierResult, parse_reward
 
-__all__ = ["ROLE_LABEL", "read_text", "run_separate", "run_tests", "tests_tar"]
+__all__ = [
+    "ROLE_LABEL",
+    "read_text",
+    "run_separate",
+    "run_tests",
+    "tests_tar",
+    "verifier_environment",
+]
 
 ROLE_LABEL = "llenvs.harbor.role"
 _MIB = 1 << 20
@@ -123,7 +130,10 @@ async def run_tests(
 
 
 def verifier_environment(task: HarborTask) -> EnvironmentConfig:
-    """``[verifier.environment]``, else a copy of ``[environment]`` (Harbor's rule)."""
+    """Where the verifier runs: ``[environment]`` when shared; when separate,
+    ``[verifier.environment]``, else a copy of ``[environment]`` (Harbor's rule)."""
+    if not task.config.verifier.separate:
+        return task.config.environment
     return task.config.verifier.environment or task.config.environment
 
 

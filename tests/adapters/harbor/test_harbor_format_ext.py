@@ -91,6 +91,9 @@ def test_step_configs_fall_back_to_the_task_tables() -> None:
     assert dict(two.verifier.env) == {"A": "1", "B": "2"}
     assert two.min_reward == {"correct": 0.5}
     assert cfg.multi_step_reward_strategy == "mean"
+    assert cfg.ignored == ()
+    healthcheck = parse_task_config('[[steps]]\nname = "a"\n[steps.healthcheck]\ncommand = "true"')
+    assert healthcheck.ignored == ("steps[0].healthcheck",)  # logged as ignored on load
 
 
 def test_min_reward_gates_and_strategies() -> None:

@@ -3,6 +3,7 @@ boundary (the replay re-runs it), Harbor's mid-task start, and a failing ``setup
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from llenvs_async.adapters.harbor import (
     HarborAdapter,
     HarborEnvironment,
+    SnapshotRestore,
     harbor_restore,
     oracle_actions,
     start_at_step,
@@ -94,3 +96,24 @@ async def test_a_failing_setup_sh_is_a_clear_error(tmp_path: Path, adapter: Harb
         state = await env.reset()
         with pytest.raises(EnvError, match=r"step 1 'extend'.*setup.sh exited with 7.*broken"):
             await play(env, state, "echo one > /app/f", "SUBMIT")
+
+
+async def test_snapshot_fork_resumes_in_the_saved_step(adapter: HarborAdapter) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        restore = await stack.enter_async_context(SnapshotRestore())  # closed after the envs
+        live, first, second = [
+            await stack.enter_async_context(await adapter.get_environment(TASKS)) for _ in range(3)
+        ]
+        actions = oracle_actions(live.dataset.resolve("multi-step")[1])
+        saved = (await play(live, await live.reset("multi-step"), *actions[:3])).next_state
+        replayed = await restore(first, saved)
+        forked = await restore(second, saved)
+        assert forked.info["restore"]["method"] == "snapshot"
+        for env, state in ((first, replayed), (second, forked)):
+            assert (state.hidden["step_name"], state.hidden["step_results"]) == (
+                "extend",
+                saved.hidden["step_results"],
+            )
+            done = await play(env, state, actions[3], actions[4], "SUBMIT")
+            assert done.reward == 1.0
+            assert [r["name"] for r in done.info["step_results"]] == ["create", "extend", "report"]
