@@ -41,6 +41,7 @@ from ...docker.shell_task import (
 )
 from ...env import new_episode_id
 from ...errors import (
+    ClosedError,
     ContinuationPromptError,
     EnvError,
     RestoreError,
@@ -147,6 +148,7 @@ class HarborEnvironment(ShellTaskEnvironment):
         self._replaying = False
         self._step_index = 0
         self._step_results: list[dict[str, Any]] = []
+        self._verifier: Container | None = None  # a separate verifier's, while it runs
 
     # -- public helpers -------------------------------------------------------------------
 
@@ -260,6 +262,7 @@ class HarborEnvironment(ShellTaskEnvironment):
                 allow_network=self.runtime.allow_network,
                 labels={DATASET_LABEL: self.dataset.spec},
                 explain=lambda log, network: self._check_offline_verifier(task, log, network),
+                track=self._track_verifier,
             )
         else:
             result, log = await run_tests(
@@ -575,10 +578,20 @@ class HarborEnvironment(ShellTaskEnvironment):
             self._engine = await DockerEngine(self.runtime.docker_url).connect()
         return self._engine
 
+    def _track_verifier(self, container: Container | None) -> None:
+        if container is not None and self.closed:
+            raise ClosedError(f"{type(self).__name__} (closed during its verification)")
+        self._verifier = container
+
     async def _drop_container(self) -> None:
         container, self._container, self._shell = self._container, None, None
-        if container is not None:
-            await container.aclose()
+        verifier, self._verifier = self._verifier, None
+        try:
+            if verifier is not None:
+                await verifier.aclose()
+        finally:
+            if container is not None:
+                await container.aclose()
 
     def _require_container(self) -> Container:
         if self._container is None:

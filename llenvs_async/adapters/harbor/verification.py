@@ -15,6 +15,7 @@ defaults and labels as the agent's container, and is removed when the verificati
 from __future__ import annotations
 
 import io
+import shlex
 import tarfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -146,9 +147,12 @@ async def run_separate(
     allow_network: bool,
     labels: Mapping[str, str],
     explain: Callable[[str, bool], None],
+    track: Callable[[Container | None], None] = lambda container: None,
 ) -> tuple[VerifierResult, str]:
     """Verify in a fresh container of the verifier image with the artifacts put in place;
-    returns the result and the log (``explain(log, had_network)`` as in ``run_tests``)."""
+    returns the result and the log (``explain(log, had_network)`` as in ``run_tests``).
+    ``track`` is told the verifier container, then ``None`` once it is removed, so the
+    instance that owns it can remove it too when it is closed meanwhile."""
     image = await images.ensure_verifier(engine, task)
     venv = verifier_environment(task)
     if venv.gpus:
@@ -167,9 +171,11 @@ async def run_separate(
     )
     tar, parents = artifacts
     cfg = task.config.verifier
-    async with await Container.create(engine, spec) as verifier:
-        quoted = " ".join(f"'{p}'" for p in sorted(set(parents)) if "'" not in p)
-        await _prepare(verifier, f"mkdir -p -m 777 /logs/artifacts && mkdir -p / {quoted}")
+    verifier = await Container.create(engine, spec)
+    try:
+        track(verifier)  # raises when the owner was closed while the container was created
+        quoted = " ".join(shlex.quote(p) for p in sorted({"/", *parents}))
+        await _prepare(verifier, f"mkdir -p -m 777 /logs/artifacts && mkdir -p {quoted}")
         await verifier.put_archive("/", tar)
         details = await verifier.inspect()
         workdir = venv.workdir or (details.get("Config") or {}).get("WorkingDir") or "/"
@@ -183,4 +189,9 @@ async def run_separate(
             tests=None,
             explain=lambda log: explain(log, network),
         )
+    finally:
+        try:
+            await verifier.aclose()
+        finally:
+            track(None)
     return result, log

@@ -4,6 +4,7 @@ the host in either mode, and an image without ``/tests/test.sh`` is a clear erro
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from llenvs_async.adapters.harbor.image import TASK_IMAGE_LABEL
 from llenvs_async.adapters.harbor.verification import ROLE_LABEL
 from llenvs_async.docker.engine import DockerEngine
 from llenvs_async.docker.ownership import OWNER_LABEL
-from llenvs_async.errors import VerifierError
+from llenvs_async.errors import LlenvsError, VerifierError
 from llenvs_async.types import Action
 
 from .conftest import harbor_containers
@@ -87,3 +88,40 @@ async def test_shared_mode_keeps_artifacts_too(tmp_path: Path, docker_engine: Do
     assert kept.read_text().startswith("# Report")
     manifest = {a["source"]: a for a in done.info["artifacts"]}
     assert manifest["/task/absent"] == {"source": "/task/absent", "missing": True}
+
+
+@pytest.mark.parametrize("how", ["cancel", "close"])
+async def test_verifier_container_goes_on_cancel_and_on_close(
+    tmp_path: Path, adapter: HarborAdapter, docker_engine: DockerEngine, how: str
+) -> None:
+    task = tmp_path / "separate-verifier"
+    shutil.copytree(TASKS / "separate-verifier", task)
+    test_sh = task / "tests" / "test.sh"
+    test_sh.write_text("#!/bin/bash\nsleep 120\n" + test_sh.read_text())  # a slow verifier
+    owner = docker_engine.labels[OWNER_LABEL]
+
+    async def verifiers() -> list[dict[str, object]]:
+        return await docker_engine.list_containers({OWNER_LABEL: owner, ROLE_LABEL: "verifier"})
+
+    env = await adapter.get_environment(task)
+    try:
+        state = await env.reset()
+        submit = asyncio.create_task(env.step(state, Action(text="SUBMIT")))
+        async with asyncio.timeout(120):
+            while not await verifiers():  # until the verifier container is up
+                await asyncio.sleep(0.05)
+        if how == "cancel":
+            submit.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await submit
+            assert await verifiers() == []
+            assert len(await harbor_containers(docker_engine)) == 1  # the agent's stays
+        else:
+            await env.aclose()  # closing the instance removes its verifier's container too
+            async with asyncio.timeout(60):  # the verification fails at once (not after 120 s)
+                with pytest.raises(LlenvsError):
+                    await submit
+            assert await verifiers() == []
+    finally:
+        await env.aclose()
+    assert await harbor_containers(docker_engine) == []
