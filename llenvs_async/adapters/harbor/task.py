@@ -14,6 +14,7 @@ multi-step task): a clear refusal rather than a silently different episode.
 from __future__ import annotations
 
 import base64
+import gzip
 import io
 import logging
 import math
@@ -336,7 +337,9 @@ class HarborTask:
 
 
 def _solution_tar(solution_dir: Path) -> bytes:
-    """``solution/`` as a gzipped tar rooted at ``solution/`` (root-owned, no mtimes)."""
+    """``solution/`` as a gzipped tar rooted at ``solution/`` (root-owned, no mtimes, not
+    even the gzip header's: the same files give the same command in every process, so an
+    oracle recognises its earlier actions in a saved trajectory)."""
 
     def normalise(info: tarfile.TarInfo) -> tarfile.TarInfo:
         info.uid = info.gid = 0
@@ -345,9 +348,9 @@ def _solution_tar(solution_dir: Path) -> bytes:
         return info
 
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=9) as tar:
+    with tarfile.open(fileobj=buf, mode="w") as tar:
         tar.add(solution_dir, arcname=SOLUTION_DIR.lstrip("/"), filter=normalise)
-    return buf.getvalue()
+    return gzip.compress(buf.getvalue(), compresslevel=9, mtime=0)
 
 
 class _Table:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import base64
 import shutil
 from pathlib import Path
 from types import MappingProxyType
@@ -137,3 +138,11 @@ def test_separate_verifier_needs_an_image_source(tmp_path: Path) -> None:
     with pytest.raises(TaskLoadError, match="tests/Dockerfile") as info:
         load_task(tmp_path / "t")
     assert info.value.field == "verifier.environment_mode"
+
+
+def test_oracle_command_is_the_same_in_every_process() -> None:
+    """No timestamp in the payload (gzip header included): a later process's oracle
+    recognises the solution actions of a saved trajectory."""
+    task = load_local_dataset(TASKS).resolve("multi-step")[1]
+    payload = oracle_actions(task)[0].split("'")[3]
+    assert base64.b64decode(payload)[4:8] == b"\0\0\0\0"  # gzip MTIME

@@ -165,3 +165,22 @@ async def test_allow_network_reaches_the_verifier_or_says_why_not(
         assert trajectory["error"]["type"] == "VerifierError"
         assert "was given a network but could not resolve" in trajectory["error"]["message"]
     assert await harbor_containers(docker_engine) == []
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+async def test_q_values_restore_across_a_step_boundary(
+    tmp_path: Path, docker_engine: DockerEngine
+) -> None:
+    """``q-values`` restores the three-step task mid-step 2 (replaying the step-1 boundary):
+    the oracle then finishes every step (V = 1), a wrong action fails step 2's min_reward."""
+    out, estimates = tmp_path / "steps.jsonl", tmp_path / "q.json"
+    run = ["run", str(TASKS), "-t", "multi-step", "-o", str(out), "-q"]
+    assert await asyncio.to_thread(main, run) == 0
+    wrong = "echo wrong >> /app/f"
+    args = ["q-values", str(out), "--step", "3", "-n", "2", "--no-file-actions", "-a", wrong]
+    assert await asyncio.to_thread(main, [*args, "--json", str(estimates)]) == 0
+    rows = {(r["kind"], r["action"]): r for r in json.loads(estimates.read_text())}
+    assert rows["V", None]["returns"] == [1.0, 1.0]
+    assert rows["Q", wrong]["returns"] == [0.5, 0.5]  # mean(create 1.0, extend 0.0)
+    assert await harbor_containers(docker_engine) == []
