@@ -9,7 +9,8 @@ observation is the next step's instruction (a non-terminal transition, reward 0.
 terminal transition carries the task's reward, ``multi_step_reward_strategy``: ``"mean"``
 of the verified steps' rewards (Harbor: steps that produced a result), or the ``"final"``
 verified step's. ``max_steps`` counts actions over the whole episode; the time budget is
-per step (``[steps.agent].timeout_sec``, else ``[agent]``'s) and restarts at a boundary.
+per step (``[steps.agent].timeout_sec``, else ``[agent]``'s) and restarts at a boundary;
+running out (or ``max_steps``) truncates the episode, the current step verified.
 
 States record where they are: ``state.hidden`` holds ``step_index``, ``step_name`` and
 the ``step_results`` so far, so a saved state is an ordinary state. ``harbor_restore``

@@ -499,6 +499,14 @@ def _step_configs(root: _Table, path: str) -> tuple[StepConfig, ...]:
         if any(step.name == name for step in steps):
             raise table.error("name", name, "is used by two steps")
         step_agent, step_verifier = table.table("agent"), table.table("verifier")
+        user = step_agent.user("user")
+        if user is not None and user != agent.user:
+            raise step_agent.error(
+                "user",
+                user,
+                "differs from [agent].user; llenvs-async runs every step in the one shell of "
+                "the episode, as one user",
+            )
         if step_verifier.has("environment_mode") or step_verifier.has("environment"):
             raise step_verifier.error(
                 "environment_mode",
@@ -511,7 +519,7 @@ def _step_configs(root: _Table, path: str) -> tuple[StepConfig, ...]:
                 name=name,
                 agent=AgentConfig(
                     timeout_sec=step_agent.optional_number("timeout_sec") or agent.timeout_sec,
-                    user=step_agent.user("user") or agent.user,
+                    user=agent.user,
                 ),
                 verifier=replace(
                     verifier,

@@ -66,6 +66,7 @@ def test_collect_hooks_and_artifacts_are_typed() -> None:
         ("[[steps]]\nmin_reward = 1", "steps[0].name", None),
         ('[[steps]]\nname = "a"\n[[steps]]\nname = "a"', "steps[1].name", "a"),
         ('[[steps]]\nname = "a"\nmin_reward = "high"', "steps[0].min_reward", "high"),
+        ('[[steps]]\nname = "a"\n[steps.agent]\nuser = "bob"', "steps[0].agent.user", "bob"),
         (
             '[[steps]]\nname = "a"\n[steps.verifier]\nenvironment_mode = "separate"',
             "steps[0].verifier.environment_mode",
