@@ -386,7 +386,10 @@ class TaskImages:
     async def _build(
         self, engine: DockerEngine, task: HarborTask, context: bytes, tag: str, source: Path
     ) -> None:
-        timeout = task.config.environment.build_timeout_sec
+        settings = task.config.environment  # a verifier's own table when it has one
+        if source.parent == task.tests_dir and task.config.verifier.environment is not None:
+            settings = task.config.verifier.environment
+        timeout = settings.build_timeout_sec
         try:
             async with asyncio.timeout(timeout):
                 await build_image(
