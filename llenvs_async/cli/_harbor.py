@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 
 from ..adapters.harbor import HarborAdapter, HarborDataset, HarborTask, harbor_restore
+from ..adapters.harbor.steps import oracle_actions
 from ..docker.engine import DockerEngine
 from ..env import Environment
 from ..policies import OraclePolicy, harbor_mistakes, harbor_oracle
@@ -29,12 +30,13 @@ SYSTEM_PROMPT = (
 
 
 def solution_lookup(dataset: HarborDataset) -> Callable[[int | str | None], Sequence[str]]:
-    """``task -> solution commands`` (solve.sh as one oracle action), cached."""
+    """``task -> solution commands`` (solve.sh as one oracle action; a multi-step task's
+    step solutions in turn, ``SUBMIT`` between them), cached."""
     cache: dict[int | str | None, Sequence[str]] = {}
 
     def lookup(task: int | str | None) -> Sequence[str]:
         if task not in cache:
-            cache[task] = (dataset.resolve(task)[1].oracle_command(),)
+            cache[task] = oracle_actions(dataset.resolve(task)[1])
         return cache[task]
 
     return lookup

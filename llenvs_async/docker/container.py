@@ -365,6 +365,14 @@ class Container(AsyncResource):
         with translate_errors(f"copying files into {directory!r}", container_id=self.id):
             await self._raw.put_archive(directory, tar_bytes)  # type: ignore[no-untyped-call]
 
+    async def get_archive(self, path: str) -> tarfile.TarFile:
+        """A file or directory of the container as an in-memory tar (members rooted at its
+        base name); a missing path raises ``ContainerError`` with ``status`` 404."""
+        self._check_open()
+        with translate_errors(f"reading {path!r}", container_id=self.id):
+            tar: tarfile.TarFile = await self._raw.get_archive(path)
+        return tar
+
     async def get_file(self, path: str) -> bytes:
         """Read one regular file from the container."""
         self._check_open()

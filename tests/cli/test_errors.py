@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -178,10 +179,13 @@ def test_harbor_options_are_recorded_with_the_source() -> None:
     assert SourceSpec.from_json(plain.to_json(), "x") == plain
 
 
-def test_tasks_list_shows_unloadable_tasks_with_their_error(cli: Invoke) -> None:
-    tasks = Path(__file__).resolve().parents[1] / "adapters" / "harbor" / "tasks_real"
-    res = cli("tasks", "list", str(tasks))
+def test_tasks_list_shows_unloadable_tasks_with_their_error(cli: Invoke, tmp_path: Path) -> None:
+    real = Path(__file__).resolve().parents[1] / "adapters" / "harbor" / "tasks_real"
+    shutil.copytree(real / "multi-step", tmp_path / "multi-step")
+    toml = tmp_path / "multi-step" / "task.toml"
+    toml.write_text(toml.read_text().replace('name = "create"', 'title = "create"'))
+    res = cli("tasks", "list", str(tmp_path))
     assert res.code == 0, res.err
     flat = " ".join(res.out.replace("│", " ").split())
-    assert "llenvs-real/multi-step" in flat and "(cannot load:" in flat
-    assert "[[steps]]" in flat  # shown as written, not eaten as markup
+    assert "multi-step" in flat and "(cannot load:" in flat
+    assert "steps[0].name" in flat  # shown as written, not eaten as markup

@@ -1,5 +1,5 @@
 """Harbor tasks and datasets, HarborAdapter/HarborEnvironment, restore (replay or
-snapshot-fork) and replay checks."""
+snapshot-fork) and replay checks; separate verifiers, artifacts and multi-step tasks."""
 
 from __future__ import annotations
 
@@ -18,15 +18,20 @@ from .registry import (
 from .replay import collect_probes, default_probes, validate_replay_consistency
 from .restore import harbor_restore
 from .snapshot import SnapshotRestore, SnapshotStats, snapshot_restore
+from .steps import oracle_actions, start_at_step
 from .task import (
     AgentConfig,
+    ArtifactSpec,
     Author,
+    CollectHook,
     EnvironmentConfig,
     HarborTask,
     NetworkMode,
     SolutionConfig,
+    StepConfig,
     TaskConfig,
     TaskInfo,
+    TaskStep,
     VerifierConfig,
     load_task,
     parse_task_config,
@@ -36,8 +41,10 @@ from .verifier import VerifierResult, parse_reward
 __all__ = [
     "DEFAULT_REGISTRY_URL",
     "AgentConfig",
+    "ArtifactSpec",
     "Author",
     "BuildSettings",
+    "CollectHook",
     "EnvironmentConfig",
     "HarborAdapter",
     "HarborDataset",
@@ -51,10 +58,12 @@ __all__ = [
     "SnapshotRestore",
     "SnapshotStats",
     "SolutionConfig",
+    "StepConfig",
     "TaskCache",
     "TaskConfig",
     "TaskImages",
     "TaskInfo",
+    "TaskStep",
     "VerifierConfig",
     "VerifierResult",
     "collect_probes",
@@ -65,11 +74,13 @@ __all__ = [
     "load_local_dataset",
     "load_task",
     "normalise_image_ref",
+    "oracle_actions",
     "parse_command",
     "parse_registry",
     "parse_reward",
     "parse_task_config",
     "snapshot_restore",
     "split_dataset_spec",
+    "start_at_step",
     "validate_replay_consistency",
 ]

@@ -58,8 +58,9 @@ class HarborAdapter(AsyncResource):
     builds. ``engine``: the ``DockerEngine`` every environment uses (owned by the caller);
     by default the adapter opens one on first use (one client for all its instances).
     ``warm_pool``: keep up to N started containers (shell open) per task image, so a
-    ``reset`` takes one instead of creating it. Close the adapter (``async with``) to
-    remove the pool's containers and close its engine.
+    ``reset`` takes one instead of creating it. ``artifacts_dir``: keep each verified
+    episode's ``artifacts`` (and ``/logs/artifacts``) under ``<dir>/<task>/<episode id>/``.
+    Close the adapter (``async with``) to remove the pool's containers and close its engine.
     """
 
     def __init__(
@@ -74,6 +75,7 @@ class HarborAdapter(AsyncResource):
         docker_url: str | None = None,
         engine: DockerEngine | None = None,
         warm_pool: int = 0,
+        artifacts_dir: str | Path | None = None,
     ) -> None:
         if isinstance(warm_pool, bool) or not isinstance(warm_pool, int) or warm_pool < 0:
             raise ValueError(f"warm_pool must be an int >= 0, got {warm_pool!r}")
@@ -98,6 +100,7 @@ class HarborAdapter(AsyncResource):
             docker_url=docker_url,
             engine=self.engine,
             pool=self.pool,
+            artifacts_dir=Path(artifacts_dir).expanduser() if artifacts_dir else None,
         )
         self._closed = False
         self._cache = TaskCache(self.cache_dir, self.registry)

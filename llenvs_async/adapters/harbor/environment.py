@@ -13,18 +13,19 @@ index, dataset, budget total/used/left.
 
 Containers get the task's ``cpus`` and ``memory_mb``; ``storage_mb`` is not enforced
 (overlay2 quotas need xfs) and tasks asking for GPUs are refused. The verifier runs
-in its own exec (not the agent's shell), as Harbor does.
+in its own exec (not the agent's shell), as Harbor does, or in a container of its own
+(``verification.py``); artifacts and collect hooks: ``artifacts.py``; multi-step tasks
+(a step boundary is an observation carrying the next instruction): ``steps.py``.
 """
 
 from __future__ import annotations
 
-import io
 import re
-import tarfile
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Literal
 
 from ...docker.container import Container, ContainerSpec
@@ -32,20 +33,28 @@ from ...docker.engine import DockerEngine
 from ...docker.output import CommandResult
 from ...docker.pool import WarmPool
 from ...docker.shell import ShellSession
-from ...docker.shell_task import ShellTaskEnvironment, extract_command, observation_text
+from ...docker.shell_task import (
+    SUBMITTED_TEXT,
+    ShellTaskEnvironment,
+    extract_command,
+    observation_text,
+)
 from ...env import new_episode_id
 from ...errors import (
-    ContainerError,
+    ClosedError,
     ContinuationPromptError,
     EnvError,
     RestoreError,
     VerifierError,
 )
-from ...types import Observation, State
+from ...types import Action, Observation, State, StepResult
+from . import steps as multi_step
+from .artifacts import collect_artifacts, run_collect_hooks, save_artifacts, transfer_tar
 from .dataset import HarborDataset
 from .image import TASK_IMAGE_LABEL, TaskImages
-from .task import HarborTask, resolve_env
-from .verifier import REWARD_JSON, REWARD_TXT, VERIFIER_LOG_DIR, VerifierResult, parse_reward
+from .task import HarborTask, VerifierConfig, resolve_env
+from .verification import run_separate, run_tests, verifier_environment
+from .verifier import VerifierResult
 
 __all__ = [
     "DATASET_LABEL",
@@ -88,6 +97,8 @@ class HarborRuntime:
     docker_url: str | None = None
     engine: DockerEngine | None = None
     pool: WarmPool | None = None
+    artifacts_dir: Path | None = None
+    """Where verified episodes' artifacts are kept (``<task>/<episode>/...``); None: not kept."""
 
 
 class HarborEnvironment(ShellTaskEnvironment):
@@ -135,6 +146,9 @@ class HarborEnvironment(ShellTaskEnvironment):
         self._budget_sec: float | None = None
         self._used_sec = 0.0
         self._replaying = False
+        self._step_index = 0
+        self._step_results: list[dict[str, Any]] = []
+        self._verifier: Container | None = None  # a separate verifier's, while it runs
 
     # -- public helpers -------------------------------------------------------------------
 
@@ -226,44 +240,78 @@ class HarborEnvironment(ShellTaskEnvironment):
         return format_observation(await shell.run(command, timeout=limit), limit)
 
     async def verify(self) -> VerifierResult:
-        """Upload ``tests/`` to ``/tests``, run ``test.sh`` and read the reward (and a log tail)."""
+        """Run the ``[[verifier.collect]]`` hooks, then the verifier (shared: ``tests/`` uploaded
+        to ``/tests`` here; separate: its own container, given the artifacts) and read the
+        reward (and a log tail); artifacts are kept when the runtime has an artifacts dir."""
         container = self._require_container()
         task = self._require_task()
-        cfg = task.config.verifier
-        setup = f"rm -rf /tests {VERIFIER_LOG_DIR} && mkdir -p -m 777 {VERIFIER_LOG_DIR}"
-        prepare = await container.exec(["/bin/sh", "-c", setup], timeout=60, user="0")
-        if prepare.exit_code != 0:
-            raise VerifierError(
-                f"could not prepare /tests and {VERIFIER_LOG_DIR}: {prepare.output.strip()}",
-                kind="setup",
-            )
-        await container.put_archive("/", _tests_tar(task))
-        run = await container.exec(
-            ["bash", "-c", f"bash /tests/test.sh > {VERIFIER_LOG_DIR}/test-stdout.txt 2>&1"],
-            timeout=cfg.timeout_sec,
-            env=resolve_env(cfg.env, task.name),
-            workdir=self._workdir,
-            user=None if cfg.user is None else str(cfg.user),
+        cfg = self._verifier_config()
+        hooks = await run_collect_hooks(
+            {"main": container}, task.config.verifier.collect, task_name=task.name
         )
-        log = await self._read_file(f"{VERIFIER_LOG_DIR}/test-stdout.txt") or ""
-        if run.timed_out:
-            raise VerifierError(
-                f"the verifier of {task.name!r} ran past timeout_sec={cfg.timeout_sec:g}s",
-                kind="timeout",
-                path="/tests/test.sh",
+        collected = []
+        if cfg.separate:
+            collected = await collect_artifacts(
+                container, task.config.artifacts, task_name=task.name
             )
-        try:
-            result = parse_reward(
-                await self._read_file(REWARD_JSON), await self._read_file(REWARD_TXT)
+            result, log = await run_separate(
+                await self._get_engine(),
+                self.runtime.images,
+                task,
+                artifacts=transfer_tar(collected),
+                allow_network=self.runtime.allow_network,
+                labels={DATASET_LABEL: self.dataset.spec},
+                explain=lambda log, network: self._check_offline_verifier(task, log, network),
+                track=self._track_verifier,
             )
-        except VerifierError:
-            self._check_offline_verifier(task, log)
-            raise
-        if result.reward < 1.0:
-            self._check_offline_verifier(task, log)
-        return replace(result, exit_code=run.exit_code, output=log[-_VERIFIER_TAIL_CHARS:])
+        else:
+            result, log = await run_tests(
+                container,
+                task=task,
+                timeout_sec=cfg.timeout_sec,
+                env=cfg.env,
+                workdir=self._workdir,
+                user=cfg.user,
+                tests=self._tests_dirs(),
+                explain=lambda log: self._check_offline_verifier(task, log, self._network),
+            )
+            if self.runtime.artifacts_dir is not None:  # Harbor collects after verification
+                collected = await collect_artifacts(
+                    container, task.config.artifacts, task_name=task.name
+                )
+        extra: dict[str, Any] = {}
+        if hooks:
+            extra["collect_hooks"] = hooks
+        if collected:
+            extra["artifacts"] = [item.manifest() for item in collected]
+        if self.runtime.artifacts_dir is not None and collected:
+            where = self.runtime.artifacts_dir / task.short_name / self._episode_dir()
+            await save_artifacts(collected, where)
+            extra["artifacts_dir"] = str(where)
+        return replace(result, output=log[-_VERIFIER_TAIL_CHARS:], extra=extra)
 
-    def _check_offline_verifier(self, task: HarborTask, log: str) -> None:
+    def _verifier_config(self) -> VerifierConfig:
+        """The current step's ``[steps.verifier]`` (task's as fallback), else ``[verifier]``."""
+        task = self._require_task()
+        if task.steps:
+            return task.steps[self._step_index].config.verifier
+        return task.config.verifier
+
+    def _tests_dirs(self) -> list[Path]:
+        """``tests/`` then the current step's own ``tests/`` (its files win), as Harbor does."""
+        task = self._require_task()
+        dirs = [task.tests_dir] if task.tests_dir.is_dir() else []
+        if task.steps and (own := task.steps[self._step_index].tests_dir) is not None:
+            dirs.append(own)
+        return dirs
+
+    def _episode_dir(self) -> str:
+        current = self._current
+        name = current.episode_id if current is not None else new_episode_id()
+        task = self._require_task()
+        return f"{name}/{task.steps[self._step_index].name}" if task.steps else name
+
+    def _check_offline_verifier(self, task: HarborTask, log: str, network: bool) -> None:
         """Raise ``VerifierError(kind="network")`` when the verifier failed to reach the
         internet: its low reward says nothing about the agent's work."""
         match = _NO_NETWORK_RE.search(log)
@@ -272,10 +320,11 @@ class HarborEnvironment(ShellTaskEnvironment):
         start = log.rfind("\n", 0, match.start()) + 1
         end = log.find("\n", match.end())
         line = log[start : end if end >= 0 else len(log)].strip()
-        if self._network:
+        if network:
             why = "its container was given a network but could not resolve or reach the host"
-        elif not task.config.environment.wants_network:
-            why = "its container has none: the task's network_mode is 'no-network'"
+        elif not verifier_environment(task).wants_network:
+            table = "[verifier.environment]" if task.config.verifier.separate else "task"
+            why = f"its container has none: the {table}'s network_mode is 'no-network'"
         else:
             why = (
                 "its container has none: the run grants none "
@@ -293,6 +342,10 @@ class HarborEnvironment(ShellTaskEnvironment):
         at ``state`` (the caller vouches for that); a new episode id, a fresh shell."""
         self._ensure_open()
         start = await self._start(state.task, seed=state.seed, image=image)
+        if isinstance(state.hidden, Mapping) and self._require_task().steps:
+            self._step_index = int(state.hidden.get("step_index", 0))
+            self._step_results = [dict(r) for r in state.hidden.get("step_results", [])]
+            self._restart_budget()
         resumed = replace(state, episode_id=start.episode_id, hidden=self._hidden())
         self._current = resumed
         return resumed
@@ -338,9 +391,10 @@ class HarborEnvironment(ShellTaskEnvironment):
         details = await container.inspect()
         self._workdir = env_cfg.workdir or (details.get("Config") or {}).get("WorkingDir") or "/"
         self._task, self._task_index = harbor_task, index
-        override = self._budget_override
-        self._budget_sec = harbor_task.config.agent.timeout_sec if override == "task" else override
-        self._used_sec = 0.0
+        self._step_index, self._step_results = 0, []
+        self._restart_budget()
+        if harbor_task.steps and image is None:  # a resumed commit is past its setup
+            await multi_step.enter_step(self, 0)
         return State(
             observation=Observation(
                 text=self._initial_text(harbor_task), data={"workdir": self._workdir}
@@ -357,7 +411,89 @@ class HarborEnvironment(ShellTaskEnvironment):
 
     async def _verify_episode(self) -> tuple[float, Mapping[str, Any]]:
         verdict = await self.verify()
-        return verdict.reward, verdict.info()
+        task = self._require_task()
+        if not task.steps:
+            return verdict.reward, verdict.info()
+        self._record_step(verdict)  # truncated mid-step: this step counts as verified
+        strategy = task.config.multi_step_reward_strategy
+        return multi_step.aggregate(strategy, self._step_results), {
+            **verdict.info(),
+            **self._step_info(),
+        }
+
+    async def _step(self, state: State, action: Action) -> StepResult:
+        task = self._task
+        if task is None or not task.steps or not self.is_submit(action):
+            return await super()._step(state, action)
+        return await self._submit_step(state, action, task)
+
+    async def _submit_step(self, state: State, action: Action, task: HarborTask) -> StepResult:
+        """A multi-step task's ``SUBMIT``: verify this step, then end the episode (last step,
+        or a ``min_reward`` miss) or open the next step (see ``steps.py``)."""
+        step, index = state.step + 1, self._step_index
+        last = index == len(task.steps) - 1
+        if self._replaying and last:
+            raise RestoreError(
+                f"the replayed prefix submits the last step at step {step}", step=step
+            )
+        verdict = await self.verify()
+        self._record_step(verdict)
+        info: dict[str, Any] = {
+            "command": self.submit_keyword,
+            "submitted": True,
+            **verdict.info(),
+            **self._step_info(),
+        }
+        passed = multi_step.passes(task.steps[index].config.min_reward, verdict)
+        if last or not passed:
+            if self._replaying:
+                raise RestoreError(
+                    f"the replayed step {task.steps[index].name!r} missed its min_reward at "
+                    f"step {step} (reward {verdict.reward:g}): the replay diverged",
+                    step=step,
+                )
+            info["multi_step_end"] = "completed" if last else "min_reward"
+            strategy = task.config.multi_step_reward_strategy
+            reward = multi_step.aggregate(strategy, self._step_results)
+            text = SUBMITTED_TEXT
+            if not last:
+                text += (
+                    f" Step {index + 1} of {len(task.steps)} fell short of its min_reward; "
+                    "the episode ends."
+                )
+            return self._result(state, action, text, reward, info, terminated=True)
+        self._step_index = index + 1
+        await multi_step.enter_step(self, self._step_index)
+        self._restart_budget()
+        info["step_boundary"] = True
+        text = multi_step.step_text(task, self._step_index, self.submit_keyword, self._workdir)
+        return self._result(state, action, text, 0.0, info)
+
+    def _record_step(self, verdict: VerifierResult) -> None:
+        name = self._require_task().steps[self._step_index].name
+        self._step_results.append(
+            {"name": name, "reward": verdict.reward, "rewards": dict(verdict.rewards)}
+        )
+
+    def _step_info(self) -> dict[str, Any]:
+        return {
+            "verified_step": self._step_results[-1]["name"],
+            "step_reward": self._step_results[-1]["reward"],
+            "step_results": [dict(r) for r in self._step_results],
+        }
+
+    def _restart_budget(self) -> None:
+        """The budget of the current step (multi-step) or episode: the agent timeout unless
+        the environment was given one."""
+        task = self._require_task()
+        timeout = (
+            task.steps[self._step_index].config.agent.timeout_sec
+            if task.steps
+            else task.config.agent.timeout_sec
+        )
+        override = self._budget_override
+        self._budget_sec = timeout if override == "task" else override
+        self._used_sec = 0.0
 
     def _before_submit(self, step: int) -> None:
         if self._replaying:
@@ -411,7 +547,7 @@ class HarborEnvironment(ShellTaskEnvironment):
     def _hidden(self) -> dict[str, Any]:
         task = self._require_task()
         left = self.budget_left_sec
-        return {
+        hidden: dict[str, Any] = {
             "task_name": task.name,
             "task_index": self._task_index,
             "dataset": self.dataset.spec,
@@ -419,8 +555,15 @@ class HarborEnvironment(ShellTaskEnvironment):
             "budget_used_sec": round(self._used_sec, 6),
             "budget_left_sec": None if left is None else round(left, 6),
         }
+        if task.steps:
+            hidden["step_index"] = self._step_index
+            hidden["step_name"] = task.steps[self._step_index].name
+            hidden["step_results"] = [dict(r) for r in self._step_results]
+        return hidden
 
     def _initial_text(self, task: HarborTask) -> str:
+        if task.steps:
+            return multi_step.step_text(task, 0, self.submit_keyword, self._workdir)
         return (
             f"{task.instruction}\n\n"
             f"You are in a bash shell inside a Linux container, in {self._workdir}. Reply with "
@@ -435,19 +578,20 @@ class HarborEnvironment(ShellTaskEnvironment):
             self._engine = await DockerEngine(self.runtime.docker_url).connect()
         return self._engine
 
+    def _track_verifier(self, container: Container | None) -> None:
+        if container is not None and self.closed:
+            raise ClosedError(f"{type(self).__name__} (closed during its verification)")
+        self._verifier = container
+
     async def _drop_container(self) -> None:
         container, self._container, self._shell = self._container, None, None
-        if container is not None:
-            await container.aclose()
-
-    async def _read_file(self, path: str) -> str | None:
+        verifier, self._verifier = self._verifier, None
         try:
-            data = await self._require_container().get_file(path)
-        except ContainerError as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return data.decode("utf-8", "replace")
+            if verifier is not None:
+                await verifier.aclose()
+        finally:
+            if container is not None:
+                await container.aclose()
 
     def _require_container(self) -> Container:
         if self._container is None:
@@ -463,17 +607,3 @@ class HarborEnvironment(ShellTaskEnvironment):
         if self._task is None:
             raise EnvError("HarborEnvironment has no task: call reset() first")
         return self._task
-
-
-def _tests_tar(task: HarborTask) -> bytes:
-    """The task's ``tests/`` directory as a tar rooted at ``tests/`` (owned by root)."""
-
-    def as_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
-        info.uid = info.gid = 0
-        info.uname = info.gname = "root"
-        return info
-
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        tar.add(task.tests_dir, arcname="tests", filter=as_root)
-    return buf.getvalue()

@@ -229,15 +229,19 @@ def _rewrite(dockerfile: str, uses: Sequence[_Use], ca_bundle: bool) -> str:
 
 
 def context_tar(
-    task: HarborTask, dockerfile: str | Mapping[str, str], ca_bundle: Path | None = None
+    task: HarborTask,
+    dockerfile: str | Mapping[str, str],
+    ca_bundle: Path | None = None,
+    *,
+    root: Path | None = None,
 ) -> tuple[bytes, str]:
-    """The build context (``environment/`` with ``dockerfile`` as its Dockerfile, or the
-    task's own rewritten through an alias mapping) as tar bytes, and its hash over paths,
-    executable bits and contents (never mtimes)."""
+    """The build context (``environment/``, or ``root``, with ``dockerfile`` as its
+    Dockerfile, or the task's own rewritten through an alias mapping) as tar bytes, and its
+    hash over paths, executable bits and contents (never mtimes)."""
     if not isinstance(dockerfile, str):
         assert task.dockerfile is not None
         dockerfile = rewrite_from_lines(task.dockerfile.read_text(encoding="utf-8"), dockerfile)
-    root = task.environment_dir
+    root = root or task.environment_dir
     digest = hashlib.sha256()
     buf = io.BytesIO()
 
@@ -311,12 +315,44 @@ class TaskImages:
                     f"({self.resolver.how_to_map(prebuilt)})"
                 )
         assert task.dockerfile is not None
-        dockerfile = await asyncio.to_thread(task.dockerfile.read_text, encoding="utf-8")
+        return await self._ensure_built(engine, task, task.dockerfile, task.short_name)
+
+    async def ensure_verifier(self, engine: DockerEngine, task: HarborTask) -> str:
+        """The image of a separate verifier: ``[verifier.environment].docker_image`` when it
+        resolves locally, else ``tests/Dockerfile`` built with ``tests/`` as its context."""
+        key = task.tests_dir / "Dockerfile"
+        known = self._by_task.get(key)
+        if known is not None:
+            return known
+        async with self._task_locks.setdefault(key, asyncio.Lock()):
+            if key not in self._by_task:
+                env = task.config.verifier.environment
+                prebuilt = env.docker_image if env is not None else None
+                ref = await self.resolver.resolve(engine, prebuilt) if prebuilt else None
+                if ref is not None:
+                    assert prebuilt is not None
+                    self._warn(task, prebuilt, ref)
+                elif not key.is_file():
+                    assert prebuilt is not None
+                    raise ImageError(
+                        f"task {task.name!r}: its verifier needs image {prebuilt!r}, which is "
+                        f"not present locally ({self.resolver.how_to_map(prebuilt)})"
+                    )
+                else:
+                    ref = await self._ensure_built(engine, task, key, f"{task.short_name}-verifier")
+                self._by_task[key] = ref
+        return self._by_task[key]
+
+    async def _ensure_built(
+        self, engine: DockerEngine, task: HarborTask, dockerfile_path: Path, slug: str
+    ) -> str:
+        """Build ``dockerfile_path`` (its directory is the context) unless its tag exists."""
+        dockerfile = await asyncio.to_thread(dockerfile_path.read_text, encoding="utf-8")
         uses = []
         for index, kind, written in _image_uses(dockerfile):
             image = await self.resolver.resolve(engine, written)
             if image is None:
-                where = f"{kind} on line {index + 1} of {task.dockerfile}"
+                where = f"{kind} on line {index + 1} of {dockerfile_path}"
                 raise ImageError(
                     f"task {task.name!r}: image {written!r} ({where}) is not present locally; "
                     f"{self.resolver.how_to_map(written)}"
@@ -325,16 +361,16 @@ class TaskImages:
             uses.append(_Use(written=written, line=index, image=image))
         text = _rewrite(dockerfile, uses, self.build.ca_bundle is not None)
         context, content_hash = await asyncio.to_thread(
-            context_tar, task, text, self.build.ca_bundle
+            context_tar, task, text, self.build.ca_bundle, root=dockerfile_path.parent
         )
-        tag = f"llenvs-harbor/{tag_slug(task.short_name)}:{content_hash}"
+        tag = f"llenvs-harbor/{tag_slug(slug)}:{content_hash}"
         if tag in self._ready:
             return tag
         lock = self._locks.setdefault(tag, asyncio.Lock())
         async with lock:
             if tag not in self._ready:
                 if await engine.inspect_image(tag) is None:
-                    await self._build(engine, task, context, tag)
+                    await self._build(engine, task, context, tag, dockerfile_path)
                 self._ready[tag] = tag
         return tag
 
@@ -348,9 +384,12 @@ class TaskImages:
         _log.log(level, "task %s: using local image %s for %s", task.name, image, written)
 
     async def _build(
-        self, engine: DockerEngine, task: HarborTask, context: bytes, tag: str
+        self, engine: DockerEngine, task: HarborTask, context: bytes, tag: str, source: Path
     ) -> None:
-        timeout = task.config.environment.build_timeout_sec
+        settings = task.config.environment  # a verifier's own table when it has one
+        if source.parent == task.tests_dir and task.config.verifier.environment is not None:
+            settings = task.config.verifier.environment
+        timeout = settings.build_timeout_sec
         try:
             async with asyncio.timeout(timeout):
                 await build_image(
@@ -359,7 +398,7 @@ class TaskImages:
                     tag=tag,
                     labels={TASK_IMAGE_LABEL: task.name},
                     network=self.build.network,
-                    what=f"building the image of task {task.name!r} ({task.dockerfile})",
+                    what=f"building the image of task {task.name!r} ({source})",
                 )
         except TimeoutError as exc:
             raise ImageError(

@@ -2,15 +2,19 @@
 
 A task directory holds ``task.toml``, ``instruction.md``, ``environment/Dockerfile``
 (or a prebuilt ``[environment].docker_image``), ``tests/test.sh`` and optionally
-``solution/solve.sh``. Anything malformed raises ``TaskLoadError`` naming the
-file, the field and the bad value; so does a format feature we do not run
-(multi-step ``[[steps]]``, a separate verifier environment, docker-compose
-sidecars): a clear refusal rather than a silently different episode.
+``solution/solve.sh``. Multi-step tasks (``[[steps]]``) keep each step's instruction,
+tests, solution and ``workdir/`` under ``steps/<name>/``; a separate verifier
+(``[verifier].environment_mode = "separate"`` or a ``[verifier.environment]`` table)
+is built from ``tests/`` (``tests/Dockerfile``). Anything malformed raises
+``TaskLoadError`` naming the file, the field and the bad value; so does a format
+feature we do not run (docker-compose sidecars, a separate verifier inside a
+multi-step task): a clear refusal rather than a silently different episode.
 """
 
 from __future__ import annotations
 
 import base64
+import gzip
 import io
 import logging
 import math
@@ -20,7 +24,7 @@ import shlex
 import tarfile
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from types import MappingProxyType
@@ -30,13 +34,17 @@ from ...errors import EnvError, TaskLoadError
 
 __all__ = [
     "AgentConfig",
+    "ArtifactSpec",
     "Author",
+    "CollectHook",
     "EnvironmentConfig",
     "HarborTask",
     "NetworkMode",
     "SolutionConfig",
+    "StepConfig",
     "TaskConfig",
     "TaskInfo",
+    "TaskStep",
     "VerifierConfig",
     "load_task",
     "parse_task_config",
@@ -52,7 +60,10 @@ _ENV_VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _WORKDIR_RE = re.compile(r"^\s*WORKDIR\s+(\S+)\s*$", re.IGNORECASE | re.MULTILINE)
 _MAX_SOLUTION_B64 = 4 << 20
 SOLUTION_DIR = "/solution"
-_IGNORED_KEYS = ("artifacts",)
+_IGNORED_KEYS: tuple[str, ...] = ()
+_STEP_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+REWARD_STRATEGIES = ("mean", "final")
+_IGNORED_STEP_KEYS = ("healthcheck", "artifacts")
 _log = logging.getLogger("llenvs_async.harbor")
 COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
 
@@ -100,14 +111,47 @@ class AgentConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CollectHook:
+    """One ``[[verifier.collect]]`` entry: a command run in ``service`` (``"main"``: the
+    agent's container) before the artifacts are collected."""
+
+    command: str
+    service: str = "main"
+    timeout_sec: float = 60.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ArtifactSpec:
+    """One ``artifacts`` entry: a container path (``source``) handed to a separate verifier at
+    the same path and kept under ``destination`` (relative; default: the source's name)."""
+
+    source: str
+    destination: str | None = None
+    exclude: tuple[str, ...] = ()
+    service: str | None = None
+
+    @property
+    def target(self) -> str:
+        """Where it is kept, relative to an episode's artifact directory."""
+        return self.destination or self.source.rstrip("/").rsplit("/", 1)[-1] or "root"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class VerifierConfig:
     """The ``[verifier]`` table; ``environment_mode`` is ``"shared"`` (the agent's container)
-    unless the task says ``"separate"`` (which ``load_task`` refuses)."""
+    unless the task says ``"separate"`` or gives a ``[verifier.environment]`` table."""
 
     timeout_sec: float = 600.0
     env: Mapping[str, str] = field(default_factory=_empty)
     user: str | int | None = None
     environment_mode: str = "shared"
+    environment: EnvironmentConfig | None = None
+    """``[verifier.environment]``; a separate verifier without it copies ``[environment]``."""
+    collect: tuple[CollectHook, ...] = ()
+
+    @property
+    def separate(self) -> bool:
+        return self.environment_mode == "separate"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -151,7 +195,51 @@ class TaskConfig:
     steps: int = 0
     """How many ``[[steps]]`` tables the file has (multi-step tasks; 0 for ordinary ones)."""
     ignored: tuple[str, ...] = ()
-    """Harbor keys present that llenvs-async does not act on (``artifacts``); logged on load."""
+    """Harbor keys present that llenvs-async does not act on; logged on load."""
+    artifacts: tuple[ArtifactSpec, ...] = ()
+    step_configs: tuple[StepConfig, ...] = ()
+    """The ``[[steps]]`` tables, in order (their agent/verifier fall back to the task's)."""
+    multi_step_reward_strategy: str = "mean"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepConfig:
+    """One ``[[steps]]`` table; ``agent``/``verifier`` already fall back to the task's
+    ``[agent]``/``[verifier]``. ``min_reward``: a number gates the step's reward, a mapping
+    gates named reward keys (a missing key fails); a miss ends the episode."""
+
+    name: str
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    verifier: VerifierConfig = field(default_factory=VerifierConfig)
+    min_reward: float | Mapping[str, float] | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskStep:
+    """One step of a multi-step task: its configuration and ``steps/<name>/`` directory."""
+
+    config: StepConfig
+    path: Path
+    instruction: str
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def tests_dir(self) -> Path | None:
+        found = self.path / "tests"
+        return found if found.is_dir() else None
+
+    @property
+    def solution_dir(self) -> Path | None:
+        found = self.path / "solution"
+        return found if (found / "solve.sh").is_file() else None
+
+    @property
+    def workdir_dir(self) -> Path | None:
+        found = self.path / "workdir"
+        return found if found.is_dir() else None
 
 
 def resolve_env(env: Mapping[str, str], task_name: str) -> dict[str, str]:
@@ -181,6 +269,8 @@ class HarborTask:
     dockerfile: Path | None
     tests_dir: Path
     solution_dir: Path | None
+    steps: tuple[TaskStep, ...] = ()
+    """A multi-step task's steps, in order (empty for an ordinary task)."""
 
     @property
     def short_name(self) -> str:
@@ -202,14 +292,15 @@ class HarborTask:
                 return str(found[-1])
         return "/"
 
-    def oracle_command(self) -> str:
-        """Harbor's oracle as ONE shell action: unpack ``solution/`` to ``/solution`` and run
-        ``bash /solution/solve.sh`` once, with ``[solution].env``, from the working directory.
+    def oracle_command(self, solution_dir: Path | None = None) -> str:
+        """Harbor's oracle as ONE shell action: unpack ``solution/`` (or ``solution_dir``, a
+        step's) to ``/solution`` and run ``bash /solution/solve.sh`` once, with
+        ``[solution].env``, from the working directory.
 
         The files travel inside the command (a base64 tar), so the action is self-contained:
         nothing is uploaded behind an agent's back, and a replay of it restores the same state.
         """
-        solution_dir = self._solve_sh().parent
+        solution_dir = solution_dir or self._solve_sh().parent
         payload = base64.b64encode(_solution_tar(solution_dir)).decode("ascii")
         if len(payload) > _MAX_SOLUTION_B64:
             raise TaskLoadError(
@@ -246,7 +337,9 @@ class HarborTask:
 
 
 def _solution_tar(solution_dir: Path) -> bytes:
-    """``solution/`` as a gzipped tar rooted at ``solution/`` (root-owned, no mtimes)."""
+    """``solution/`` as a gzipped tar rooted at ``solution/`` (root-owned, no mtimes, not
+    even the gzip header's: the same files give the same command in every process, so an
+    oracle recognises its earlier actions in a saved trajectory)."""
 
     def normalise(info: tarfile.TarInfo) -> tarfile.TarInfo:
         info.uid = info.gid = 0
@@ -255,9 +348,9 @@ def _solution_tar(solution_dir: Path) -> bytes:
         return info
 
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=9) as tar:
+    with tarfile.open(fileobj=buf, mode="w") as tar:
         tar.add(solution_dir, arcname=SOLUTION_DIR.lstrip("/"), filter=normalise)
-    return buf.getvalue()
+    return gzip.compress(buf.getvalue(), compresslevel=9, mtime=0)
 
 
 class _Table:
@@ -362,7 +455,10 @@ def parse_task_config(text: str, *, path: str = "task.toml") -> TaskConfig:
         environment=_environment(root.table("environment")),
         solution=SolutionConfig(env=root.table("solution").str_map("env")),
         steps=_steps(root, path),
-        ignored=tuple(key for key in _IGNORED_KEYS if root.has(key)),
+        ignored=tuple(key for key in _IGNORED_KEYS if root.has(key)) + _ignored_step_keys(root),
+        artifacts=_artifacts(root, "artifacts"),
+        step_configs=_step_configs(root, path),
+        multi_step_reward_strategy=_strategy(root),
     )
 
 
@@ -371,6 +467,135 @@ def _steps(root: _Table, path: str) -> int:
     if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
         raise root.error("steps", value, "must be an array of tables ([[steps]])")
     return len(value)
+
+
+def _ignored_step_keys(root: _Table) -> tuple[str, ...]:
+    """Per-step keys Harbor has that no step of ours acts on (logged on load)."""
+    found = []
+    for index, data in enumerate(root.data.get("steps", [])):
+        found += [f"steps[{index}].{key}" for key in _IGNORED_STEP_KEYS if key in data]
+        verifier = data.get("verifier")
+        if isinstance(verifier, dict) and "artifacts" in verifier:
+            found.append(f"steps[{index}].verifier.artifacts")
+    return tuple(found)
+
+
+def _strategy(root: _Table) -> str:
+    strategy = root.string("multi_step_reward_strategy", "mean") or "mean"
+    if strategy not in REWARD_STRATEGIES:
+        raise root.error("multi_step_reward_strategy", strategy, "must be 'mean' or 'final'")
+    return strategy
+
+
+def _step_configs(root: _Table, path: str) -> tuple[StepConfig, ...]:
+    """The ``[[steps]]`` tables; each step's agent/verifier fall back to the task's."""
+    agent, verifier = _agent(root.table("agent")), _verifier(root.table("verifier"))
+    steps: list[StepConfig] = []
+    for index, data in enumerate(root.data.get("steps", [])):
+        table = _Table(data, f"steps[{index}].", path)
+        name = table.string("name")
+        if name is None or not _STEP_NAME_RE.match(name):
+            raise table.error("name", name, "is required: a directory name under steps/")
+        if any(step.name == name for step in steps):
+            raise table.error("name", name, "is used by two steps")
+        step_agent, step_verifier = table.table("agent"), table.table("verifier")
+        user = step_agent.user("user")
+        if user is not None and user != agent.user:
+            raise step_agent.error(
+                "user",
+                user,
+                "differs from [agent].user; llenvs-async runs every step in the one shell of "
+                "the episode, as one user",
+            )
+        if step_verifier.has("environment_mode") or step_verifier.has("environment"):
+            raise step_verifier.error(
+                "environment_mode",
+                step_verifier.data.get("environment_mode", "separate"),
+                "a separate verifier per step is not supported by llenvs-async (one shared "
+                "environment runs every step's tests)",
+            )
+        steps.append(
+            StepConfig(
+                name=name,
+                agent=AgentConfig(
+                    timeout_sec=step_agent.optional_number("timeout_sec") or agent.timeout_sec,
+                    user=agent.user,
+                ),
+                verifier=replace(
+                    verifier,
+                    timeout_sec=step_verifier.number("timeout_sec", verifier.timeout_sec),
+                    env=MappingProxyType({**verifier.env, **step_verifier.str_map("env")}),
+                    user=step_verifier.user("user") or verifier.user,
+                ),
+                min_reward=_min_reward(table),
+            )
+        )
+    return tuple(steps)
+
+
+def _min_reward(table: _Table) -> float | Mapping[str, float] | None:
+    value = table.data.get("min_reward")
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        if not value or not all(_is_number(v) for v in value.values()):
+            raise table.error("min_reward", value, "must be a number or a table of numbers")
+        return MappingProxyType({str(k): float(v) for k, v in value.items()})
+    if not _is_number(value):
+        raise table.error("min_reward", value, "must be a number or a table of numbers")
+    return float(value)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _artifacts(table: _Table, key: str) -> tuple[ArtifactSpec, ...]:
+    """``artifacts``: paths (strings) or ``{source, destination, exclude, service}`` tables."""
+    value = table.data.get(key, [])
+    if not isinstance(value, list):
+        raise table.error(key, value, "must be a list of paths or {source, ...} tables")
+    specs: list[ArtifactSpec] = []
+    for index, item in enumerate(value):
+        entry = _Table(item if isinstance(item, dict) else {"source": item},
+                       f"{table.prefix}{key}[{index}].", table.path)  # fmt: skip
+        source = entry.string("source")
+        if source is None or not source.startswith("/") or ".." in source.split("/"):
+            raise entry.error("source", source, "must be an absolute container path without '..'")
+        destination = entry.string("destination")
+        if destination is not None and (
+            destination.startswith("/") or ".." in destination.split("/") or not destination
+        ):
+            raise entry.error("destination", destination, "must be a relative path without '..'")
+        specs.append(
+            ArtifactSpec(
+                source=source,
+                destination=destination,
+                exclude=entry.strings("exclude"),
+                service=entry.string("service"),
+            )
+        )
+    return tuple(specs)
+
+
+def _collect_hooks(table: _Table) -> tuple[CollectHook, ...]:
+    value = table.data.get("collect", [])
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise table.error("collect", value, "must be an array of tables ([[verifier.collect]])")
+    hooks: list[CollectHook] = []
+    for index, data in enumerate(value):
+        entry = _Table(data, f"{table.prefix}collect[{index}].", table.path)
+        command = entry.string("command")
+        if not command or not command.strip():
+            raise entry.error("command", command, "is required (a shell command)")
+        hooks.append(
+            CollectHook(
+                command=command,
+                service=entry.string("service", "main") or "main",
+                timeout_sec=entry.number("timeout_sec", 60.0),
+            )
+        )
+    return tuple(hooks)
 
 
 def _task_info(root: _Table) -> TaskInfo:
@@ -399,14 +624,20 @@ def _agent(table: _Table) -> AgentConfig:
 
 
 def _verifier(table: _Table) -> VerifierConfig:
-    mode = table.string("environment_mode", "shared") or "shared"
+    environment = _environment(table.table("environment")) if table.has("environment") else None
+    default_mode = "shared" if environment is None else "separate"
+    mode = table.string("environment_mode", default_mode) or default_mode
     if mode not in ("shared", "separate"):
         raise table.error("environment_mode", mode, "must be 'shared' or 'separate'")
+    if environment is not None and mode == "shared":
+        raise table.error("environment_mode", mode, "contradicts the [verifier.environment] table")
     return VerifierConfig(
         timeout_sec=table.number("timeout_sec", 600.0),
         env=table.str_map("env"),
         user=table.user("user"),
         environment_mode=mode,
+        environment=environment,
+        collect=_collect_hooks(table),
     )
 
 
@@ -475,10 +706,14 @@ def load_task(path: Path | str, *, fallback_name: str | None = None) -> HarborTa
     _refuse_unsupported(root, config, str(toml_path))
     for key in config.ignored:
         _log.warning("%s: %r is not supported by llenvs-async and is ignored", toml_path, key)
+    steps = _load_steps(root, config, str(toml_path))
     instruction_path = root / "instruction.md"
-    if not instruction_path.is_file():
+    if steps and not instruction_path.is_file():
+        instruction = steps[0].instruction  # never shown: each step has its own
+    elif not instruction_path.is_file():
         raise TaskLoadError("is missing", path=str(instruction_path))
-    instruction = _read(instruction_path).strip()
+    else:
+        instruction = _read(instruction_path).strip()
     if not instruction:
         raise TaskLoadError("is empty", path=str(instruction_path))
     dockerfile = root / "environment" / "Dockerfile"
@@ -493,8 +728,7 @@ def load_task(path: Path | str, *, fallback_name: str | None = None) -> HarborTa
     else:
         dockerfile_or_none = dockerfile
     tests_dir = root / "tests"
-    if not (tests_dir / "test.sh").is_file():
-        raise TaskLoadError("is missing (the verifier)", path=str(tests_dir / "test.sh"))
+    _check_verifier_files(root, config, steps)
     solution_dir = root / "solution"
     name = config.task.name if config.task is not None else (fallback_name or root.name)
     return HarborTask(
@@ -505,27 +739,75 @@ def load_task(path: Path | str, *, fallback_name: str | None = None) -> HarborTa
         dockerfile=dockerfile_or_none,
         tests_dir=tests_dir,
         solution_dir=solution_dir if solution_dir.is_dir() else None,
+        steps=steps,
     )
 
 
-def _refuse_unsupported(root: Path, config: TaskConfig, toml_path: str) -> None:
-    """Raise ``TaskLoadError`` for format features whose episode we would run differently."""
-    if config.steps or (root / "steps").is_dir():
+def _load_steps(root: Path, config: TaskConfig, toml_path: str) -> tuple[TaskStep, ...]:
+    """Each ``[[steps]]`` table with its ``steps/<name>/instruction.md``."""
+    if not config.step_configs:
+        if (root / "steps").is_dir():
+            raise TaskLoadError(
+                "has a steps/ directory but task.toml declares no [[steps]]",
+                path=toml_path,
+                field="steps",
+            )
+        return ()
+    if config.verifier.separate:
         raise TaskLoadError(
-            f"is a multi-step task ({config.steps} [[steps]], steps/*/instruction.md), which "
-            "llenvs-async does not run yet (each step has its own instruction, tests and reward)",
-            path=toml_path,
-            field="steps",
-        )
-    if config.verifier.environment_mode == "separate":
-        raise TaskLoadError(
-            "asks for a separate verifier environment (tests/Dockerfile), which llenvs-async "
-            "does not build yet; running the verifier in the agent's container instead could "
-            "score differently, so the task is refused",
+            "combines [[steps]] with a separate verifier environment, which llenvs-async does "
+            "not run (every step's tests run in the one shared environment)",
             path=toml_path,
             field="verifier.environment_mode",
             value="separate",
         )
+    steps = []
+    for index, step in enumerate(config.step_configs):
+        instruction_path = root / "steps" / step.name / "instruction.md"
+        if not instruction_path.is_file():
+            raise TaskLoadError(
+                f"is missing (the instruction of step {index} {step.name!r})",
+                path=str(instruction_path),
+                field=f"steps[{index}].name",
+                value=step.name,
+            )
+        instruction = _read(instruction_path).strip()
+        if not instruction:
+            raise TaskLoadError("is empty", path=str(instruction_path))
+        steps.append(TaskStep(config=step, path=instruction_path.parent, instruction=instruction))
+    return tuple(steps)
+
+
+def _check_verifier_files(root: Path, config: TaskConfig, steps: tuple[TaskStep, ...]) -> None:
+    """A test.sh for every verification: ``tests/test.sh`` (a step's own overrides it); a
+    separate verifier's image holds it, so it needs ``tests/Dockerfile`` or a prebuilt image."""
+    tests = root / "tests"
+    if config.verifier.separate:
+        env = config.verifier.environment
+        if not (tests / "Dockerfile").is_file() and (env is None or env.docker_image is None):
+            raise TaskLoadError(
+                "is missing: a separate verifier is built from tests/Dockerfile (or "
+                "[verifier.environment].docker_image names a prebuilt image)",
+                path=str(tests / "Dockerfile"),
+                field="verifier.environment_mode",
+                value="separate",
+            )
+        return
+    if steps:
+        for step in steps:
+            own = step.tests_dir is not None and (step.tests_dir / "test.sh").is_file()
+            if not own and not (tests / "test.sh").is_file():
+                raise TaskLoadError(
+                    f"is missing (the verifier of step {step.name!r}; tests/test.sh would do)",
+                    path=str(step.path / "tests" / "test.sh"),
+                )
+        return
+    if not (tests / "test.sh").is_file():
+        raise TaskLoadError("is missing (the verifier)", path=str(tests / "test.sh"))
+
+
+def _refuse_unsupported(root: Path, config: TaskConfig, toml_path: str) -> None:
+    """Raise ``TaskLoadError`` for format features whose episode we would run differently."""
     for name in COMPOSE_FILES:
         if (root / "environment" / name).is_file():
             raise TaskLoadError(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -41,6 +41,8 @@ class VerifierResult:
     source: str
     exit_code: int | None = None
     output: str = ""
+    extra: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    """What else the verification did (collect hooks, artifacts), merged into ``info()``."""
 
     def info(self) -> dict[str, Any]:
         """JSON-serialisable summary for ``StepResult.info``."""
@@ -49,6 +51,7 @@ class VerifierResult:
             "rewards": dict(self.rewards),
             "verifier_exit_code": self.exit_code,
             "verifier_output": self.output,
+            **self.extra,
         }
 
 

@@ -222,13 +222,15 @@ def test_broken_task_in_a_dataset_is_kept_apart_not_skipped(tmp_path: Path) -> N
     assert info.value.field == "agent.timeout_sec"
 
 
-def test_artifacts_are_parsed_and_logged_as_ignored(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_artifacts_are_parsed_strings_or_tables(tmp_path: Path) -> None:
     shutil.copytree(EXAMPLES / "csv-totals", tmp_path / "a")
     toml = tmp_path / "a" / "task.toml"
-    toml.write_text('artifacts = ["/app/out"]\n' + toml.read_text())
-    with caplog.at_level("WARNING", logger="llenvs_async.harbor"):
-        task = load_task(tmp_path / "a")
-    assert task.config.ignored == ("artifacts",)
-    assert any("'artifacts' is not supported" in r.getMessage() for r in caplog.records)
+    extra = (
+        'artifacts = ["/app/out", {source = "/app/logs/", destination = "l", exclude = ["*.tmp"]}]'
+    )
+    toml.write_text(extra + "\n" + toml.read_text())
+    task = load_task(tmp_path / "a")
+    assert task.config.ignored == ()
+    first, second = task.config.artifacts
+    assert (first.source, first.target, first.exclude) == ("/app/out", "out", ())
+    assert (second.target, second.exclude) == ("l", ("*.tmp",))

@@ -5,7 +5,9 @@ The shapes: digest-pinned and registry-qualified ``FROM``, python/ubuntu bases (
 stand-ins), ``ARG``-expanded ``FROM``, ``COPY --from`` a stage and an external image,
 apt/pip installs at build time (no build network: a clear error), heredoc and multi-line
 ``solve.sh`` with files under ``solution/``, ``set -euo pipefail``, ``[solution].env``, a
-multi-step task, a separate verifier, compose sidecars, a verifier that needs the internet.
+three-step task (and one whose second step misses its ``min_reward``, which ends the
+episode), a separate verifier with artifacts and a collect hook, compose sidecars, a
+verifier that needs the internet.
 """
 
 from __future__ import annotations
@@ -34,6 +36,14 @@ SOLVABLE = {
     "multistage-copy-from",
     "set-e-functions-env",
     "ubuntu-multiline-string",
+    "separate-verifier",
+    "multi-step",
+}
+# task -> the oracle's rewards per transition (solve.sh as ONE action, then SUBMIT; a
+# multi-step task's step solutions in turn, each step boundary a transition of its own)
+ORACLE_REWARDS = {name: [0.0, 1.0] for name in SOLVABLE} | {
+    "multi-step": [0.0, 0.0, 0.0, 0.0, 0.0, 1.0],
+    "multi-step-gated": [0.0, 0.0, 0.0, 0.5],  # step 2 scores 0 < min_reward: mean(1, 0)
 }
 # task -> (error type, words its message must hold)
 REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -43,8 +53,6 @@ REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
         "ImageError",
         ("ghcr.io/astral-sh/uv:0.5.11", "COPY --from on line 2", "--base-image"),
     ),
-    "multi-step": ("TaskLoadError", ("multi-step", "[[steps]]")),
-    "separate-verifier": ("TaskLoadError", ("verifier.environment_mode", "separate")),
     "compose-sidecar": ("TaskLoadError", ("docker-compose.yaml", "sidecar")),
     "verifier-needs-network": (
         "VerifierError",
@@ -75,8 +83,8 @@ def test_the_task_set_covers_every_shape() -> None:
     loaded = {t.short_name for t in dataset.tasks}
     assert len(loaded) + len(dataset.unloadable) >= 10
     unloadable = {name.rsplit("/", 1)[-1] for name in dataset.unloadable}
-    assert unloadable == {"multi-step", "separate-verifier", "compose-sidecar"}
-    assert loaded == (SOLVABLE | set(REFUSED)) - unloadable
+    assert unloadable == {"compose-sidecar"}
+    assert loaded == (set(ORACLE_REWARDS) | set(REFUSED)) - unloadable
     hub = dataset.resolve("hub-python-heredoc")[1]
     assert hub.declared_workdir == "/workspace"
     command = dataset.resolve("set-e-functions-env")[1].oracle_command()
@@ -97,13 +105,21 @@ async def test_oracle_run_scores_solvable_tasks_and_names_each_refusal(
     code = await asyncio.to_thread(main, args)  # the CLI runs its own event loop
     assert code == 0, capsys.readouterr().err
     trajectories = _records(out)
-    assert set(trajectories) == SOLVABLE | set(REFUSED)
-    for name in SOLVABLE:
+    assert set(trajectories) == set(ORACLE_REWARDS) | set(REFUSED)
+    for name, expected in ORACLE_REWARDS.items():
         traj = trajectories[name]
         assert traj["error"] is None, (name, traj["error"])
-        rewards = [t["reward"] for t in traj["transitions"]]
-        assert rewards[-1] == 1.0, (name, rewards)
-        assert len(rewards) == 2  # solve.sh as ONE action, then SUBMIT
+        assert [t["reward"] for t in traj["transitions"]] == expected, name
+    gated = trajectories["multi-step-gated"]["transitions"][-1]["info"]
+    assert gated["multi_step_end"] == "min_reward"
+    assert [r["name"] for r in gated["step_results"]] == ["create", "extend"]  # never 'report'
+    separate = trajectories["separate-verifier"]["transitions"][-1]["info"]
+    assert separate["collect_hooks"][0]["exit_code"] == 0
+    assert {a["source"]: a["files"] for a in separate["artifacts"]} == {
+        "/logs/artifacts": 1,
+        "/app/numbers.txt": 1,
+        "/app/out": 1,  # total.txt; scratch.tmp is excluded
+    }
     for name, (kind, words) in REFUSED.items():
         error = trajectories[name]["error"]
         assert error is not None, name
@@ -148,4 +164,23 @@ async def test_allow_network_reaches_the_verifier_or_says_why_not(
     else:  # this machine's daemon runs --bridge=none: a network in name only
         assert trajectory["error"]["type"] == "VerifierError"
         assert "was given a network but could not resolve" in trajectory["error"]["message"]
+    assert await harbor_containers(docker_engine) == []
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+async def test_q_values_restore_across_a_step_boundary(
+    tmp_path: Path, docker_engine: DockerEngine
+) -> None:
+    """``q-values`` restores the three-step task mid-step 2 (replaying the step-1 boundary):
+    the oracle then finishes every step (V = 1), a wrong action fails step 2's min_reward."""
+    out, estimates = tmp_path / "steps.jsonl", tmp_path / "q.json"
+    run = ["run", str(TASKS), "-t", "multi-step", "-o", str(out), "-q"]
+    assert await asyncio.to_thread(main, run) == 0
+    wrong = "echo wrong >> /app/f"
+    args = ["q-values", str(out), "--step", "3", "-n", "2", "--no-file-actions", "-a", wrong]
+    assert await asyncio.to_thread(main, [*args, "--json", str(estimates)]) == 0
+    rows = {(r["kind"], r["action"]): r for r in json.loads(estimates.read_text())}
+    assert rows["V", None]["returns"] == [1.0, 1.0]
+    assert rows["Q", wrong]["returns"] == [0.5, 0.5]  # mean(create 1.0, extend 0.0)
     assert await harbor_containers(docker_engine) == []

@@ -1,2 +1,4 @@
 #!/bin/bash
-if [ -f /app/f ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
+# The task-level verifier: step 'create' has no tests/ of its own and falls back to it.
+source /tests/lib.sh
+if [ "$(cat /app/f 2>/dev/null)" = one ]; then reward 1; else reward 0; fi

@@ -1,0 +1,188 @@
+"""Multi-step Harbor tasks (``[[steps]]``) as ONE episode in one shared container.
+
+A step boundary is an observation carrying the next instruction: ``SUBMIT`` ends the
+current step, its verifier runs (``tests/`` with the step's own ``tests/`` on top, its
+``[steps.verifier]``), and unless that was the last step or its reward misses the step's
+``min_reward``, the next step's ``workdir/`` is copied into the working directory, its
+``workdir/setup.sh`` runs (as root; a non-zero exit is an ``EnvError``), and the next
+observation is the next step's instruction (a non-terminal transition, reward 0.0). The
+terminal transition carries the task's reward, ``multi_step_reward_strategy``: ``"mean"``
+of the verified steps' rewards (Harbor: steps that produced a result), or the ``"final"``
+verified step's. ``max_steps`` counts actions over the whole episode; the time budget is
+per step (``[steps.agent].timeout_sec``, else ``[agent]``'s) and restarts at a boundary;
+running out (or ``max_steps``) truncates the episode, the current step verified.
+
+States record where they are: ``state.hidden`` holds ``step_index``, ``step_name`` and
+the ``step_results`` so far, so a saved state is an ordinary state. ``harbor_restore``
+replays its actions, and replaying a boundary's ``SUBMIT`` re-runs that boundary (the
+step's verifier, then the next step's ``setup.sh``), so the container is where the
+original episode was; a replayed boundary that would end the episode is a
+``RestoreError``. The oracle (``oracle_actions``) runs each step's ``solution/solve.sh``
+in turn, each followed by ``SUBMIT``. Starting mid-task works both ways: Harbor's
+(``start_at_step``: replay the earlier steps' oracle solutions) and ours (any saved state,
+restored with ``harbor_restore``).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import tarfile
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from ...errors import EnvError
+from ...types import Action, State
+from .task import HarborTask, TaskStep
+from .verifier import VerifierResult
+
+if TYPE_CHECKING:
+    from .environment import HarborEnvironment
+
+__all__ = [
+    "STEP_SETUP_PATH",
+    "aggregate",
+    "enter_step",
+    "oracle_actions",
+    "passes",
+    "start_at_step",
+    "step_index",
+    "step_text",
+]
+
+STEP_SETUP_PATH = "/tmp/.llenvs-step-setup.sh"
+_SETUP_TIMEOUT_SEC = 600.0
+
+
+def passes(min_reward: float | Mapping[str, float] | None, verdict: VerifierResult) -> bool:
+    """A number gates the step's reward; a mapping gates named keys (missing keys fail)."""
+    if min_reward is None:
+        return True
+    if isinstance(min_reward, Mapping):
+        return all(verdict.rewards.get(k, -math.inf) >= v for k, v in min_reward.items())
+    return verdict.reward >= min_reward
+
+
+def aggregate(strategy: str, results: Sequence[Mapping[str, Any]]) -> float:
+    """The episode's reward from the verified steps' results (0.0 when none was verified)."""
+    if not results:
+        return 0.0
+    if strategy == "final":
+        return float(results[-1]["reward"])
+    return math.fsum(float(r["reward"]) for r in results) / len(results)
+
+
+def step_text(task: HarborTask, index: int, submit: str, workdir: str) -> str:
+    """The observation that opens step ``index``: its instruction and how to end it."""
+    step = task.steps[index]
+    done = f"Step {index} of {len(task.steps)} is submitted. " if index else ""
+    return (
+        f"{done}Step {index + 1} of {len(task.steps)} ({step.name}):\n\n{step.instruction}\n\n"
+        f"You are in a bash shell inside a Linux container, in {workdir}. Reply with one shell "
+        "command per turn (plain text or a fenced code block); you will see its output. When "
+        f"this step is done, reply with {submit} alone."
+    )
+
+
+def _workdir_tar(step: TaskStep, workdir: str) -> bytes | None:
+    """``steps/<name>/workdir/`` minus the reserved ``setup.sh``, rooted at ``workdir``."""
+    source = step.workdir_dir
+    if source is None:
+        return None
+    buf = io.BytesIO()
+    root = workdir.strip("/")
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path in sorted(source.rglob("*")):
+            relative = path.relative_to(source).as_posix()
+            if relative == "setup.sh":
+                continue
+            info = tar.gettarinfo(str(path), arcname=f"{root}/{relative}".lstrip("/"))
+            info.uid = info.gid = 0
+            info.uname = info.gname = "root"
+            if path.is_file() and not path.is_symlink():
+                with path.open("rb") as handle:
+                    tar.addfile(info, handle)
+            else:
+                tar.addfile(info)
+    return buf.getvalue()
+
+
+async def enter_step(env: HarborEnvironment, index: int) -> None:
+    """Stage step ``index``: copy its ``workdir/`` into the working directory and run its
+    ``workdir/setup.sh`` there (as root); a failing setup is an ``EnvError``."""
+    task, container = env.task, env.container
+    assert task is not None and container is not None
+    step = task.steps[index]
+    files = _workdir_tar(step, env.workdir)
+    if files is not None:
+        await container.put_archive("/", files)
+    setup = step.workdir_dir / "setup.sh" if step.workdir_dir is not None else None
+    if setup is None or not setup.is_file():
+        return
+    await container.put_file(STEP_SETUP_PATH, setup.read_bytes(), mode=0o755)
+    run = await container.exec(
+        ["bash", "-c", f"bash {STEP_SETUP_PATH}; code=$?; rm -f {STEP_SETUP_PATH}; exit $code"],
+        timeout=_SETUP_TIMEOUT_SEC,
+        workdir=env.workdir,
+        user="0",
+    )
+    if run.exit_code != 0 or run.timed_out:
+        why = "timed out" if run.timed_out else f"exited with {run.exit_code}"
+        raise EnvError(
+            f"step {index} {step.name!r} of task {task.name!r}: workdir/setup.sh {why}: "
+            f"{run.output.strip()[-500:]!r}"
+        )
+
+
+def oracle_actions(task: HarborTask, submit: str = "SUBMIT") -> tuple[str, ...]:
+    """Harbor's oracle as actions: ``solve.sh`` whole (one action); for a multi-step task
+    each step's ``solution/solve.sh`` in turn with ``submit`` between steps (a step
+    without a solution is submitted as it is). The final ``submit`` is the policy's."""
+    if not task.steps:
+        return (task.oracle_command(),)
+    actions: list[str] = []
+    for index, step in enumerate(task.steps):
+        if step.solution_dir is not None:
+            actions.append(task.oracle_command(step.solution_dir))
+        if index < len(task.steps) - 1:
+            actions.append(submit)
+    return tuple(actions)
+
+
+def step_index(task: HarborTask, step: int | str) -> int:
+    """A step given by index or name."""
+    names = [s.name for s in task.steps]
+    if isinstance(step, str):
+        if step not in names:
+            raise EnvError(f"task {task.name!r} has no step {step!r} (steps: {names})")
+        return names.index(step)
+    if not 0 <= step < len(names):
+        raise EnvError(f"task {task.name!r} has {len(names)} steps; no step index {step}")
+    return step
+
+
+async def start_at_step(
+    env: HarborEnvironment, task: int | str, step: int | str, *, seed: int | None = None
+) -> State:
+    """Harbor's way into the middle of a task: reset, then replay the earlier steps' oracle
+    solutions (each boundary verified and staged as in an episode, no budget charged);
+    returns the state at the start of ``step`` (an ordinary, restorable state)."""
+    _, harbor_task = env.dataset.resolve(task)
+    if not harbor_task.steps:
+        raise EnvError(f"task {harbor_task.name!r} is not a multi-step task")
+    target = step_index(harbor_task, step)
+    submit = env.submit_keyword
+    actions: list[str] = []
+    for index, each in enumerate(harbor_task.steps[:target]):
+        if each.solution_dir is None:
+            raise EnvError(
+                f"task {harbor_task.name!r}: step {index} {each.name!r} has no "
+                "solution/solve.sh to replay"
+            )
+        actions += [harbor_task.oracle_command(each.solution_dir), submit]
+    with env.replaying():
+        state = await env.reset(task, seed=seed)
+        for command in actions:
+            state = (await env.step(state, Action(text=command))).next_state
+    return replace(state, info={**state.info, "started_at_step": harbor_task.steps[target].name})

@@ -1,0 +1,2 @@
+#!/bin/bash
+cat /app/next-word.txt >> /app/f

@@ -1,0 +1,2 @@
+#!/bin/bash
+wc -l < /app/f > /app/count.txt
