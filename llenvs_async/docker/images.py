@@ -325,6 +325,7 @@ async def build_image(
     labels: Mapping[str, str] | None = None,
     network: bool = False,
     what: str | None = None,
+    dockerfile: str = "Dockerfile",
 ) -> list[str]:
     """``docker build`` of a tar context; returns the build log's lines.
 
@@ -334,6 +335,8 @@ async def build_image(
     """
     what = what or f"building {tag}"
     params = {"t": tag, "rm": "1", "forcerm": "1", "networkmode": "host" if network else "none"}
+    if dockerfile != "Dockerfile":
+        params["dockerfile"] = dockerfile
     if labels:
         params["labels"] = json.dumps(dict(labels))
     log: list[str] = []

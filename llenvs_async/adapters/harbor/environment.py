@@ -44,6 +44,7 @@ from ...errors import (
 from ...types import Observation, State
 from .dataset import HarborDataset
 from .image import TASK_IMAGE_LABEL, TaskImages
+from .sidecars import Sidecars, extra_hosts, start_sidecars
 from .task import HarborTask, resolve_env
 from .verifier import REWARD_JSON, REWARD_TXT, VERIFIER_LOG_DIR, VerifierResult, parse_reward
 
@@ -128,6 +129,7 @@ class HarborEnvironment(ShellTaskEnvironment):
         self._budget_override = budget_sec
         self._engine: DockerEngine | None = None
         self._container: Container | None = None
+        self._sidecars: Sidecars | None = None
         self._shell: ShellSession | None = None
         self._task: HarborTask | None = None
         self._task_index = -1
@@ -317,9 +319,14 @@ class HarborEnvironment(ShellTaskEnvironment):
         network = self.runtime.allow_network and env_cfg.wants_network
         self._network = network
         agent_user = harbor_task.config.agent.user
+        compose = harbor_task.compose
         spec = ContainerSpec(
             image=image,
-            env=resolve_env(env_cfg.env, harbor_task.name),
+            env={
+                **resolve_env(env_cfg.env, harbor_task.name),
+                **(compose.main.environment if compose else {}),
+            },
+            extra_hosts=extra_hosts(compose) if compose else (),
             workdir=env_cfg.workdir,
             user=None if agent_user is None else str(agent_user),
             network_mode="bridge" if network else "none",
@@ -335,6 +342,15 @@ class HarborEnvironment(ShellTaskEnvironment):
             container = await Container.create(engine, spec)
             self._container = container
             self._shell = await container.shell()
+        if compose is not None and compose.sidecars:
+            try:
+                self._sidecars = await start_sidecars(
+                    engine, self.runtime.images, harbor_task, container,
+                    memory_bytes=spec.memory_bytes, cpus=spec.cpus,
+                )  # fmt: skip
+            except BaseException:
+                await self._drop_container()  # no half-made pod outlives a failed reset
+                raise
         details = await container.inspect()
         self._workdir = env_cfg.workdir or (details.get("Config") or {}).get("WorkingDir") or "/"
         self._task, self._task_index = harbor_task, index
@@ -436,9 +452,14 @@ class HarborEnvironment(ShellTaskEnvironment):
         return self._engine
 
     async def _drop_container(self) -> None:
+        sidecars, self._sidecars = self._sidecars, None
         container, self._container, self._shell = self._container, None, None
-        if container is not None:
-            await container.aclose()
+        try:
+            if sidecars is not None:
+                await sidecars.aclose()
+        finally:
+            if container is not None:
+                await container.aclose()
 
     async def _read_file(self, path: str) -> str | None:
         try:

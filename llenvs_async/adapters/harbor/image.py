@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import functools
 import hashlib
 import io
 import logging
@@ -229,15 +230,20 @@ def _rewrite(dockerfile: str, uses: Sequence[_Use], ca_bundle: bool) -> str:
 
 
 def context_tar(
-    task: HarborTask, dockerfile: str | Mapping[str, str], ca_bundle: Path | None = None
+    task: HarborTask,
+    dockerfile: str | Mapping[str, str],
+    ca_bundle: Path | None = None,
+    *,
+    root: Path | None = None,
+    dockerfile_name: str = "Dockerfile",
 ) -> tuple[bytes, str]:
-    """The build context (``environment/`` with ``dockerfile`` as its Dockerfile, or the
-    task's own rewritten through an alias mapping) as tar bytes, and its hash over paths,
-    executable bits and contents (never mtimes)."""
+    """The build context (``root``, default ``environment/``, with ``dockerfile`` as its
+    ``dockerfile_name``, or the task's own rewritten through an alias mapping) as tar bytes,
+    and its hash over paths, executable bits and contents (never mtimes)."""
     if not isinstance(dockerfile, str):
         assert task.dockerfile is not None
         dockerfile = rewrite_from_lines(task.dockerfile.read_text(encoding="utf-8"), dockerfile)
-    root = task.environment_dir
+    root = root or task.environment_dir
     digest = hashlib.sha256()
     buf = io.BytesIO()
 
@@ -255,7 +261,7 @@ def context_tar(
             info.uname = info.gname = ""
             info.mtime = 0
             if path.is_file() and not path.is_symlink():
-                data = dockerfile.encode("utf-8") if rel == "Dockerfile" else path.read_bytes()
+                data = dockerfile.encode("utf-8") if rel == dockerfile_name else path.read_bytes()
                 add_file(rel, data, info)
             else:
                 tar.addfile(info)
@@ -311,12 +317,24 @@ class TaskImages:
                     f"({self.resolver.how_to_map(prebuilt)})"
                 )
         assert task.dockerfile is not None
-        dockerfile = await asyncio.to_thread(task.dockerfile.read_text, encoding="utf-8")
+        return await self.ensure_built(engine, task, task.dockerfile)
+
+    async def ensure_built(
+        self,
+        engine: DockerEngine,
+        task: HarborTask,
+        dockerfile_path: Path,
+        *,
+        service: str | None = None,
+    ) -> str:
+        """The image built from ``dockerfile_path`` (its directory is the context) for
+        ``task``, or for one of its compose ``service``s; cached by content like the task's."""
+        dockerfile = await asyncio.to_thread(dockerfile_path.read_text, encoding="utf-8")
         uses = []
         for index, kind, written in _image_uses(dockerfile):
             image = await self.resolver.resolve(engine, written)
             if image is None:
-                where = f"{kind} on line {index + 1} of {task.dockerfile}"
+                where = f"{kind} on line {index + 1} of {dockerfile_path}"
                 raise ImageError(
                     f"task {task.name!r}: image {written!r} ({where}) is not present locally; "
                     f"{self.resolver.how_to_map(written)}"
@@ -325,16 +343,24 @@ class TaskImages:
             uses.append(_Use(written=written, line=index, image=image))
         text = _rewrite(dockerfile, uses, self.build.ca_bundle is not None)
         context, content_hash = await asyncio.to_thread(
-            context_tar, task, text, self.build.ca_bundle
+            functools.partial(
+                context_tar,
+                task,
+                text,
+                self.build.ca_bundle,
+                root=dockerfile_path.parent,
+                dockerfile_name=dockerfile_path.name,
+            )
         )
-        tag = f"llenvs-harbor/{tag_slug(task.short_name)}:{content_hash}"
+        name = task.short_name if service is None else f"{task.short_name}-{service}"
+        tag = f"llenvs-harbor/{tag_slug(name)}:{content_hash}"
         if tag in self._ready:
             return tag
         lock = self._locks.setdefault(tag, asyncio.Lock())
         async with lock:
             if tag not in self._ready:
                 if await engine.inspect_image(tag) is None:
-                    await self._build(engine, task, context, tag)
+                    await self._build(engine, task, context, tag, dockerfile_path)
                 self._ready[tag] = tag
         return tag
 
@@ -348,7 +374,7 @@ class TaskImages:
         _log.log(level, "task %s: using local image %s for %s", task.name, image, written)
 
     async def _build(
-        self, engine: DockerEngine, task: HarborTask, context: bytes, tag: str
+        self, engine: DockerEngine, task: HarborTask, context: bytes, tag: str, dockerfile: Path
     ) -> None:
         timeout = task.config.environment.build_timeout_sec
         try:
@@ -359,7 +385,8 @@ class TaskImages:
                     tag=tag,
                     labels={TASK_IMAGE_LABEL: task.name},
                     network=self.build.network,
-                    what=f"building the image of task {task.name!r} ({task.dockerfile})",
+                    what=f"building the image of task {task.name!r} ({dockerfile})",
+                    dockerfile=dockerfile.name,
                 )
         except TimeoutError as exc:
             raise ImageError(

@@ -4,8 +4,9 @@ A task directory holds ``task.toml``, ``instruction.md``, ``environment/Dockerfi
 (or a prebuilt ``[environment].docker_image``), ``tests/test.sh`` and optionally
 ``solution/solve.sh``. Anything malformed raises ``TaskLoadError`` naming the
 file, the field and the bad value; so does a format feature we do not run
-(multi-step ``[[steps]]``, a separate verifier environment, docker-compose
-sidecars): a clear refusal rather than a silently different episode.
+(multi-step ``[[steps]]``, a separate verifier environment): a clear refusal rather
+than a silently different episode. ``environment/docker-compose.yaml`` is parsed by
+``compose.py`` (its sidecars run pod-style, see ``sidecars.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ...errors import EnvError, TaskLoadError
+from .compose import ComposeSpec, load_compose
 
 __all__ = [
     "AgentConfig",
@@ -181,6 +183,8 @@ class HarborTask:
     dockerfile: Path | None
     tests_dir: Path
     solution_dir: Path | None
+    compose: ComposeSpec | None = None
+    """``environment/docker-compose.yaml``: the main service's settings and its sidecars."""
 
     @property
     def short_name(self) -> str:
@@ -496,6 +500,9 @@ def load_task(path: Path | str, *, fallback_name: str | None = None) -> HarborTa
     if not (tests_dir / "test.sh").is_file():
         raise TaskLoadError("is missing (the verifier)", path=str(tests_dir / "test.sh"))
     solution_dir = root / "solution"
+    compose_files = [root / "environment" / n for n in COMPOSE_FILES]
+    compose_path = next((p for p in compose_files if p.is_file()), None)
+    compose = load_compose(compose_path) if compose_path is not None else None
     name = config.task.name if config.task is not None else (fallback_name or root.name)
     return HarborTask(
         path=root,
@@ -505,6 +512,7 @@ def load_task(path: Path | str, *, fallback_name: str | None = None) -> HarborTa
         dockerfile=dockerfile_or_none,
         tests_dir=tests_dir,
         solution_dir=solution_dir if solution_dir.is_dir() else None,
+        compose=compose,
     )
 
 
@@ -526,13 +534,6 @@ def _refuse_unsupported(root: Path, config: TaskConfig, toml_path: str) -> None:
             field="verifier.environment_mode",
             value="separate",
         )
-    for name in COMPOSE_FILES:
-        if (root / "environment" / name).is_file():
-            raise TaskLoadError(
-                "describes a docker-compose environment (sidecar services), which llenvs-async "
-                "does not run; only environment/Dockerfile or [environment].docker_image",
-                path=str(root / "environment" / name),
-            )
 
 
 def _read(path: Path) -> str:
