@@ -44,6 +44,7 @@ from ...errors import (
 from ...types import Observation, State
 from .dataset import HarborDataset
 from .image import TASK_IMAGE_LABEL, TaskImages
+from .provision import offline_test_sh
 from .sidecars import Sidecars, extra_hosts, start_sidecars
 from .task import HarborTask, resolve_env
 from .verifier import REWARD_JSON, REWARD_TXT, VERIFIER_LOG_DIR, VerifierResult, parse_reward
@@ -239,11 +240,12 @@ class HarborEnvironment(ShellTaskEnvironment):
                 f"could not prepare /tests and {VERIFIER_LOG_DIR}: {prepare.output.strip()}",
                 kind="setup",
             )
-        await container.put_archive("/", _tests_tar(task))
+        offline = self._offline_verifier(task)
+        await container.put_archive("/", _tests_tar(task, offline[0] if offline else None))
         run = await container.exec(
             ["bash", "-c", f"bash /tests/test.sh > {VERIFIER_LOG_DIR}/test-stdout.txt 2>&1"],
             timeout=cfg.timeout_sec,
-            env=resolve_env(cfg.env, task.name),
+            env={**resolve_env(cfg.env, task.name), **(offline[1] if offline else {})},
             workdir=self._workdir,
             user=None if cfg.user is None else str(cfg.user),
         )
@@ -264,6 +266,12 @@ class HarborEnvironment(ShellTaskEnvironment):
         if result.reward < 1.0:
             self._check_offline_verifier(task, log)
         return replace(result, exit_code=run.exit_code, output=log[-_VERIFIER_TAIL_CHARS:])
+
+    def _offline_verifier(self, task: HarborTask) -> tuple[str, dict[str, str]] | None:
+        """The provisioned ``test.sh`` and its environment, when the image was provisioned."""
+        if not self.runtime.images.build.provision_verifier or task.dockerfile is None:
+            return None
+        return offline_test_sh((task.tests_dir / "test.sh").read_text(encoding="utf-8"))
 
     def _check_offline_verifier(self, task: HarborTask, log: str) -> None:
         """Raise ``VerifierError(kind="network")`` when the verifier failed to reach the
@@ -486,15 +494,21 @@ class HarborEnvironment(ShellTaskEnvironment):
         return self._task
 
 
-def _tests_tar(task: HarborTask) -> bytes:
-    """The task's ``tests/`` directory as a tar rooted at ``tests/`` (owned by root)."""
+def _tests_tar(task: HarborTask, test_sh: str | None = None) -> bytes:
+    """The task's ``tests/`` directory as a tar rooted at ``tests/`` (owned by root);
+    ``test_sh`` replaces ``tests/test.sh``'s content."""
 
-    def as_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    def as_root(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
         info.uid = info.gid = 0
         info.uname = info.gname = "root"
-        return info
+        return None if test_sh is not None and info.name == "tests/test.sh" else info
 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         tar.add(task.tests_dir, arcname="tests", filter=as_root)
+        if test_sh is not None:
+            data = test_sh.encode("utf-8")
+            info = tarfile.TarInfo("tests/test.sh")
+            info.size, info.mode = len(data), 0o755
+            tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()

@@ -28,6 +28,7 @@ from pathlib import Path
 from ...docker.engine import DockerEngine
 from ...docker.images import STANDIN_PATTERNS, build_image, tag_slug
 from ...errors import ImageError
+from .provision import detect_provision, provision_dockerfile
 from .task import HarborTask
 
 __all__ = [
@@ -121,6 +122,8 @@ class BuildSettings:
 
     network: bool = False
     ca_bundle: Path | None = None
+    provision_verifier: bool = False
+    """Provision what a recognised uv/uvx ``test.sh`` fetches (see ``provision.py``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -330,6 +333,8 @@ class TaskImages:
         """The image built from ``dockerfile_path`` (its directory is the context) for
         ``task``, or for one of its compose ``service``s; cached by content like the task's."""
         dockerfile = await asyncio.to_thread(dockerfile_path.read_text, encoding="utf-8")
+        if service is None and self.build.provision_verifier:
+            dockerfile = await asyncio.to_thread(_provisioned, task, dockerfile)
         uses = []
         for index, kind, written in _image_uses(dockerfile):
             image = await self.resolver.resolve(engine, written)
@@ -401,6 +406,16 @@ class TaskImages:
                 ) from exc
             raise
         self.builds += 1
+
+
+def _provisioned(task: HarborTask, dockerfile: str) -> str:
+    """``dockerfile`` with the verifier's uv/uvx needs provisioned, when ``test.sh`` has the
+    recognised shape (else unchanged)."""
+    provision = detect_provision((task.tests_dir / "test.sh").read_text(encoding="utf-8"))
+    if provision is None:
+        _log.info("task %s: test.sh has no recognised uv/uvx shape; not provisioned", task.name)
+        return dockerfile
+    return provision_dockerfile(dockerfile, provision)
 
 
 async def _chunks(data: bytes) -> AsyncIterator[bytes]:
