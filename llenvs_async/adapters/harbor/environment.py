@@ -291,9 +291,17 @@ class HarborEnvironment(ShellTaskEnvironment):
                 "its container has none: the run grants none "
                 "(pass --allow-network, HarborAdapter(allow_network=True))"
             )
+        hint = ""
+        if not self.runtime.images.build.provision_verifier and offline_test_sh(
+            (task.tests_dir / "test.sh").read_text(encoding="utf-8")
+        ):
+            hint = (
+                "; its test.sh has the uv/uvx shape that --build-network --provision-verifier "
+                "fetches at build time (HarborAdapter(provision_verifier=True))"
+            )
         raise VerifierError(
             f"the verifier of {task.name!r} needs the internet but {why}; "
-            f"it printed: {line[:300]!r}",
+            f"it printed: {line[:300]!r}{hint}",
             kind="network",
             path="/tests/test.sh",
         )

@@ -6,7 +6,8 @@ stand-ins), ``ARG``-expanded ``FROM``, ``COPY --from`` a stage and an external i
 apt/pip installs at build time (no build network: a clear error), heredoc and multi-line
 ``solve.sh`` with files under ``solution/``, ``set -euo pipefail``, ``[solution].env``, a
 multi-step task, a separate verifier, a compose sidecar the main container talks to (pod-style),
-a verifier that needs the internet.
+a verifier that needs the internet, a terminal-bench-style uv/uvx verifier (run offline with
+``--provision-verifier``: test_provision.py).
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "multi-step": ("TaskLoadError", ("multi-step", "[[steps]]")),
     "separate-verifier": ("TaskLoadError", ("verifier.environment_mode", "separate")),
+    "uv-verifier": (
+        "VerifierError",
+        ("needs the internet", "no-network", "--build-network --provision-verifier"),
+    ),
     "verifier-needs-network": (
         "VerifierError",
         ("needs the internet", "the run grants none", "--allow-network"),
