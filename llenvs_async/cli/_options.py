@@ -96,7 +96,7 @@ CommandTimeoutOpt = Annotated[
     float | None,
     typer.Option(
         "--command-timeout",
-        help="Seconds per command (default: the task's [agent].timeout_sec, else 600).",
+        help="Seconds per command (default: the task's \\[agent].timeout_sec, else 600).",
     ),
 ]
 TokenModeOpt = Annotated[
@@ -118,7 +118,8 @@ RayAddressOpt = Annotated[
     typer.Option(
         "--ray-address",
         envvar="RAY_ADDRESS",
-        help="Run each instance in a Ray actor on this cluster (host:port); needs [ray].",
+        help="Run each instance in a Ray actor on this cluster (host:port); needs the "
+        "\\[ray] extra (pip install 'llenvs-async\\[ray]').",
     ),
 ]
 

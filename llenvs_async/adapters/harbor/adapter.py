@@ -109,6 +109,7 @@ class HarborAdapter(AsyncResource):
             docker_url=docker_url,
             engine=self.engine,
             pool=self.pool,
+            engine_users=set() if self._owns_engine and self.pool is None else None,
         )
         self._closed = False
         self._cache = TaskCache(self.cache_dir, self.registry)

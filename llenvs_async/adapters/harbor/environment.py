@@ -19,6 +19,7 @@ in its own exec (not the agent's shell), as Harbor does.
 from __future__ import annotations
 
 import io
+import json
 import re
 import tarfile
 import time
@@ -90,6 +91,10 @@ class HarborRuntime:
     docker_url: str | None = None
     engine: DockerEngine | None = None
     pool: WarmPool | None = None
+    engine_users: set[int] | None = None
+    """Environments using ``engine`` now; when the last one closes the engine disconnects
+    (reconnecting on next use), so an adapter that is never closed leaks no connection.
+    ``None``: the engine's owner closes it (a caller's engine, or a warm pool's)."""
 
 
 class HarborEnvironment(ShellTaskEnvironment):
@@ -127,6 +132,7 @@ class HarborEnvironment(ShellTaskEnvironment):
         self.dataset = dataset
         self._command_timeout = command_timeout_sec
         self._network = False
+        self._bridge = False
         self._budget_override = budget_sec
         self._engine: DockerEngine | None = None
         self._container: Container | None = None
@@ -282,7 +288,14 @@ class HarborEnvironment(ShellTaskEnvironment):
         start = log.rfind("\n", 0, match.start()) + 1
         end = log.find("\n", match.end())
         line = log[start : end if end >= 0 else len(log)].strip()
-        if self._network:
+        if self._network and not self._bridge:
+            why = (
+                "its container was given a network, yet the Docker daemon has no bridge "
+                "network (dockerd --bridge=none, as on this machine), so containers get only "
+                "loopback; run the daemon with a bridge, or provision the verifier at build "
+                "time (--build-network --provision-verifier for the uv/uvx shape)"
+            )
+        elif self._network:
             why = "its container was given a network but could not resolve or reach the host"
         elif not task.config.environment.wants_network:
             why = "its container has none: the task's network_mode is 'no-network'"
@@ -334,6 +347,7 @@ class HarborEnvironment(ShellTaskEnvironment):
         image = image or await self.runtime.images.ensure(engine, harbor_task)
         network = self.runtime.allow_network and env_cfg.wants_network
         self._network = network
+        self._bridge = network and await _daemon_has_bridge(engine)
         agent_user = harbor_task.config.agent.user
         compose = harbor_task.compose
         spec = ContainerSpec(
@@ -411,6 +425,11 @@ class HarborEnvironment(ShellTaskEnvironment):
             engine, self._engine = self._engine, None
             if engine is not None and self.runtime.engine is None:
                 await engine.aclose()
+            users = self.runtime.engine_users
+            if users is not None and id(self) in users:
+                users.discard(id(self))
+                if not users and self.runtime.engine is not None:
+                    await self.runtime.engine.disconnect()
 
     # -- internals --------------------------------------------------------------------------
 
@@ -462,6 +481,8 @@ class HarborEnvironment(ShellTaskEnvironment):
 
     async def _get_engine(self) -> DockerEngine:
         if self.runtime.engine is not None:  # the adapter's: connected on first use
+            if self.runtime.engine_users is not None:
+                self.runtime.engine_users.add(id(self))
             return await self.runtime.engine.connect()
         if self._engine is None:
             self._engine = await DockerEngine(self.runtime.docker_url).connect()
@@ -500,6 +521,17 @@ class HarborEnvironment(ShellTaskEnvironment):
         if self._task is None:
             raise EnvError("HarborEnvironment has no task: call reset() first")
         return self._task
+
+
+async def _daemon_has_bridge(engine: DockerEngine) -> bool:
+    """Whether the daemon has its default ``bridge`` network (not under ``--bridge=none``)."""
+    try:
+        found = await engine.request_json(
+            "GET", "networks", params={"filters": json.dumps({"name": ["bridge"]})}
+        )
+    except ContainerError:
+        return True  # unknown: say nothing about the bridge
+    return any(isinstance(n, dict) and n.get("Name") == "bridge" for n in found or [])
 
 
 def _tests_tar(task: HarborTask, test_sh: str | None = None) -> bytes:

@@ -65,6 +65,12 @@ _DOCKER_HUB_PREFIXES = (
     "registry-1.docker.io/",
     "library/",
 )
+_CERT_HINTS = re.compile(
+    r"CERTIFICATE_VERIFY_FAILED|certificate verify failed|self[- ]signed certificate|"
+    r"unable to get local issuer certificate|invalid peer certificate|UnknownIssuer|"
+    r"SSL certificate problem",
+    re.IGNORECASE,
+)
 _NETWORK_HINTS = re.compile(
     r"Temporary failure resolving|Could not resolve|Name or service not known|"
     r"Failed to establish a new connection|Network is unreachable|unable to access|"
@@ -392,20 +398,30 @@ class TaskImages:
                     network=self.build.network,
                     what=f"building the image of task {task.name!r} ({dockerfile})",
                     dockerfile=dockerfile.name,
+                    diagnose=self._diagnose,
                 )
         except TimeoutError as exc:
             raise ImageError(
                 f"building the image of task {task.name!r} took more than "
                 f"build_timeout_sec={timeout:g}s"
             ) from exc
-        except ImageError as exc:
-            if not self.build.network and _NETWORK_HINTS.search(str(exc)):
-                raise ImageError(
-                    f"{exc}\nthe build has no network: pass --build-network "
-                    "(HarborAdapter(build_network=True)) to build with the host's network"
-                ) from exc
-            raise
         self.builds += 1
+
+    def _diagnose(self, log: Sequence[str]) -> str | None:
+        """A hint for a failed build's whole log: no network, or an untrusted TLS proxy."""
+        text = "\n".join(log)
+        if not self.build.network and _NETWORK_HINTS.search(text):
+            return (
+                "the build has no network: pass --build-network "
+                "(HarborAdapter(build_network=True)) to build with the host's network"
+            )
+        if self.build.ca_bundle is None and _CERT_HINTS.search(text):
+            return (
+                "a download in the build did not trust the server's certificate (a "
+                "TLS-intercepting proxy?): pass --build-ca-bundle FILE, e.g. "
+                "/etc/ssl/certs/ca-certificates.crt (HarborAdapter(build_ca_bundle=...))"
+            )
+        return None
 
 
 def _provisioned(task: HarborTask, dockerfile: str) -> str:
