@@ -292,8 +292,7 @@ class HarborEnvironment(ShellTaskEnvironment):
             why = (
                 "its container was given a network, yet the Docker daemon has no bridge "
                 "network (dockerd --bridge=none, as on this machine), so containers get only "
-                "loopback; run the daemon with a bridge, or provision the verifier at build "
-                "time (--build-network --provision-verifier for the uv/uvx shape)"
+                "loopback (run the daemon with a bridge to give them the internet)"
             )
         elif self._network:
             why = "its container was given a network but could not resolve or reach the host"

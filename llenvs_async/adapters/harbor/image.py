@@ -292,7 +292,7 @@ class TaskImages:
         self.build = build or BuildSettings()
         self._locks: dict[str, asyncio.Lock] = {}
         self._ready: dict[str, str] = {}
-        self._by_task: dict[Path, str] = {}  # a task's image, once known: no re-tar per reset
+        self._by_task: dict[Path, str] = {}  # by task dir or sidecar Dockerfile
         self._task_locks: dict[Path, asyncio.Lock] = {}
         self._warned: set[tuple[str, str]] = set()
         self.builds = 0
@@ -337,7 +337,21 @@ class TaskImages:
         service: str | None = None,
     ) -> str:
         """The image built from ``dockerfile_path`` (its directory is the context) for
-        ``task``, or for one of its compose ``service``s; cached by content like the task's."""
+        ``task``, or for one of its compose ``service``s (worked out once per service)."""
+        if service is None:
+            return await self._ensure_built(engine, task, dockerfile_path, None)
+        known = self._by_task.get(dockerfile_path)
+        if known is not None:
+            return known
+        async with self._task_locks.setdefault(dockerfile_path, asyncio.Lock()):
+            if dockerfile_path not in self._by_task:
+                built = await self._ensure_built(engine, task, dockerfile_path, service)
+                self._by_task[dockerfile_path] = built
+        return self._by_task[dockerfile_path]
+
+    async def _ensure_built(
+        self, engine: DockerEngine, task: HarborTask, dockerfile_path: Path, service: str | None
+    ) -> str:
         dockerfile = await asyncio.to_thread(dockerfile_path.read_text, encoding="utf-8")
         if service is None and self.build.provision_verifier:
             dockerfile = await asyncio.to_thread(_provisioned, task, dockerfile)

@@ -22,9 +22,9 @@ async def test_context_is_hashed_once_per_task(
     calls: list[str] = []
     real = image.context_tar
 
-    def counting(task: Any, *args: Any) -> Any:
+    def counting(task: Any, *args: Any, **kwargs: Any) -> Any:
         calls.append(task.name)
-        return real(task, *args)
+        return real(task, *args, **kwargs)
 
     monkeypatch.setattr(image, "context_tar", counting)
     async with HarborAdapter(cache_dir=tmp_path) as adapter:
