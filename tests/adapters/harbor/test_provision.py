@@ -130,3 +130,11 @@ async def test_a_provisioned_uvx_verifier_scores_one_without_a_network(
     assert "pytest-8.4.1" in output and "json-ctrf-0.3.5" in output  # the pinned versions ran
     assert "PASSED ../tests/test_outputs.py::test_answer_is_42" in output
     assert await harbor_containers(docker_engine) == []
+
+
+def test_the_flag_is_recorded_with_the_results() -> None:
+    from llenvs_async.cli._sources import HarborOptions
+
+    options = HarborOptions(build_network=True, provision_verifier=True)
+    assert HarborOptions.from_json(options.to_json()) == options
+    assert HarborOptions.from_json({}).provision_verifier is False  # older results files
