@@ -19,6 +19,7 @@ from llenvs_async.adapters.harbor.provision import (
     rewrite_test_sh,
 )
 from llenvs_async.cli import main
+from llenvs_async.cli._sources import HarborOptions
 from llenvs_async.docker.engine import DockerEngine
 
 from .conftest import harbor_containers
@@ -133,8 +134,6 @@ async def test_a_provisioned_uvx_verifier_scores_one_without_a_network(
 
 
 def test_the_flag_is_recorded_with_the_results() -> None:
-    from llenvs_async.cli._sources import HarborOptions
-
     options = HarborOptions(build_network=True, provision_verifier=True)
     assert HarborOptions.from_json(options.to_json()) == options
     assert HarborOptions.from_json({}).provision_verifier is False  # older results files
