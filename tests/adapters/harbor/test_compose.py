@@ -4,6 +4,7 @@ their healthcheck and removed with their instance."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from llenvs_async.adapters.harbor.compose import parse_compose, parse_duration
 from llenvs_async.adapters.harbor.image import TASK_IMAGE_LABEL
 from llenvs_async.adapters.harbor.sidecars import SIDECAR_LABEL
 from llenvs_async.docker.engine import DockerEngine
+from llenvs_async.docker.ownership import OWNER_LABEL
 from llenvs_async.errors import ContainerError, TaskLoadError
 from llenvs_async.types import Action
 
@@ -167,6 +169,7 @@ async def test_sidecar_is_pod_joined_labelled_limited_and_removed_with_its_insta
         labels = info["Config"]["Labels"]
         assert labels[SIDECAR_LABEL] == "kv"
         assert labels[TASK_IMAGE_LABEL] == "llenvs-real/compose-sidecar"
+        assert labels[OWNER_LABEL] == docker_engine.labels[OWNER_LABEL]  # the reaper's key
         # the main container reaches the sidecar by its service name, on the shared loopback
         step = await env.step(state, Action(text="getent hosts kv; " + _put("k", "v")))
         assert "127.0.0.1" in step.next_state.observation.text, step.next_state.observation.text
@@ -207,4 +210,31 @@ async def test_a_sidecar_failing_its_healthcheck_fails_the_reset_and_leaves_noth
         assert "sidecar 'kv' failed its healthcheck 2 time(s) in a row" in message
         assert "kv is not ready" in message
         assert len(message) < 600
+        assert await harbor_containers(docker_engine) == []
+
+
+@pytest.mark.docker
+async def test_cancelling_a_reset_while_a_sidecar_is_awaited_leaves_nothing(
+    tmp_path: Path, docker_engine: DockerEngine
+) -> None:
+    tasks = _task_with_sidecar(
+        tmp_path,
+        "    healthcheck:\n      test: [CMD-SHELL, 'exit 1']\n      interval: 200ms\n"
+        "      retries: 1000\n",
+    )
+    async with (
+        HarborAdapter(cache_dir=tmp_path / "cache", engine=docker_engine) as adapter,
+        await adapter.get_environment(tasks) as env,
+    ):
+        reset = asyncio.create_task(env.reset(0))
+        for _ in range(600):  # until the sidecar exists (main first, then kv), then cancel
+            ours = {OWNER_LABEL: docker_engine.labels[OWNER_LABEL], SIDECAR_LABEL: "kv"}
+            found = await docker_engine.list_containers(ours)
+            if found or reset.done():
+                break
+            await asyncio.sleep(0.1)
+        assert found and not reset.done()
+        reset.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reset
         assert await harbor_containers(docker_engine) == []
