@@ -8,7 +8,8 @@ Recognised in ``tests/test.sh`` (after joining ``\\``-continued lines), and noth
 - ``uvx`` runs of ``pytest`` whose only options are ``-p``/``--python VER`` and
   ``-w``/``--with PKG`` (``=`` forms too), e.g. ``uvx -p 3.13 -w pytest==8.4.1
   -w pytest-json-ctrf==0.3.5 pytest --ctrf /logs/verifier/ctrf.json /tests/test_outputs.py``;
-  any other ``uvx`` option or tool leaves the whole script untouched;
+  any other ``uvx`` option or tool, or any other line naming ``uvx`` (e.g.
+  ``command -v uvx``), leaves the whole script untouched;
 - ``apt-get update`` and ``apt-get install [-y|-qq|--no-install-recommends] curl`` lines
   (they only serve the installer).
 
