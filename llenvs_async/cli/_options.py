@@ -18,6 +18,7 @@ __all__ = [
     "BuildCaBundleOpt",
     "BuildNetworkOpt",
     "CommandTimeoutOpt",
+    "ProvisionVerifierOpt",
     "BaseUrlOpt",
     "DatasetArg",
     "EnvOpt",
@@ -79,6 +80,14 @@ BuildCaBundleOpt = Annotated[
     str | None,
     typer.Option("--build-ca-bundle", help="A host CA bundle file to trust inside builds."),
 ]
+ProvisionVerifierOpt = Annotated[
+    bool,
+    typer.Option(
+        "--provision-verifier",
+        help="With --build-network: fetch what a 'curl .../uv/VER/install.sh | sh; uvx -w ... "
+        "pytest' test.sh downloads at build time, so the verifier runs offline.",
+    ),
+]
 AllowNetworkOpt = Annotated[
     bool,
     typer.Option("--allow-network", help="Give containers a network when their task allows one."),
@@ -87,7 +96,7 @@ CommandTimeoutOpt = Annotated[
     float | None,
     typer.Option(
         "--command-timeout",
-        help="Seconds per command (default: the task's [agent].timeout_sec, else 600).",
+        help="Seconds per command (default: the task's \\[agent].timeout_sec, else 600).",
     ),
 ]
 TokenModeOpt = Annotated[
@@ -109,7 +118,8 @@ RayAddressOpt = Annotated[
     typer.Option(
         "--ray-address",
         envvar="RAY_ADDRESS",
-        help="Run each instance in a Ray actor on this cluster (host:port); needs [ray].",
+        help="Run each instance in a Ray actor on this cluster (host:port); needs the "
+        "\\[ray] extra (pip install 'llenvs-async\\[ray]').",
     ),
 ]
 
@@ -141,6 +151,7 @@ def harbor_options(
     build_ca_bundle: str | None,
     allow_network: bool,
     command_timeout: float | None,
+    provision_verifier: bool = False,
 ) -> HarborOptions:
     """Bundle and validate the Harbor flags."""
     from ..adapters.harbor.image import parse_alias
@@ -156,9 +167,12 @@ def harbor_options(
         if not path.is_file():
             raise CliError(f"--build-ca-bundle {build_ca_bundle!r}: no such file")
         build_ca_bundle = str(path.resolve())
+    if provision_verifier and not build_network:
+        raise CliError("--provision-verifier fetches at build time: it needs --build-network")
     if command_timeout is not None and not command_timeout > 0:
         raise CliError(f"--command-timeout must be > 0 seconds, got {command_timeout}")
     return HarborOptions(
         base_images=tuple(pairs), build_network=build_network, build_ca_bundle=build_ca_bundle,
         allow_network=allow_network, command_timeout=command_timeout,
+        provision_verifier=provision_verifier,
     )  # fmt: skip

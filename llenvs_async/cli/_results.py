@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from ..serialization import SerializationError, from_dict, read_jsonl
@@ -22,6 +24,7 @@ __all__ = [
     "record_fields",
     "summary_table",
     "unique_by_key",
+    "why_zero",
 ]
 
 Key = tuple[int | str, int]
@@ -83,28 +86,68 @@ def unique_by_key(records: Iterable[ResultRecord]) -> list[ResultRecord]:
 
 
 def summary_table(records: Sequence[ResultRecord], title: str) -> Table:
-    """Per-task rollouts, success rate, mean return, mean steps and errors, plus a total row."""
+    """Per-task rollouts, success rate, mean return, mean steps and errors, plus a total row;
+    a "why 0" column when a verifier scored 0 without an error (its output's telling line)."""
     table = Table(title=title)
-    for column in ("task", "rollouts", "success", "mean return", "mean steps", "errors"):
-        table.add_column(column, justify="left" if column == "task" else "right")
     groups: dict[int | str, list[Trajectory]] = {}
     for record in records:
         groups.setdefault(record.task, []).append(record.trajectory)
     everything = [t for ts in groups.values() for t in ts]
     rows = sorted(groups.items(), key=lambda item: (isinstance(item[0], str), _short(item[0])))
+    reasons = {name: why_zero(trajs) for name, trajs in rows}
+    columns = ["task", "rollouts", "success", "mean return", "mean steps", "errors"]
+    if any(reasons.values()):
+        columns.append("why 0")
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("task", "why 0") else "right")
     for name, trajs in [*rows, ("total", everything)]:
         if name == "total":
             table.add_section()
         n = len(trajs)
-        table.add_row(
+        cells = [
             str(_short(name)),
             str(n),
             f"{sum(t.success for t in trajs) / n:.0%}" if n else "-",
             _mean(t.total_reward for t in trajs),
             _mean(float(len(t)) for t in trajs),
             str(sum(t.error is not None for t in trajs)),
-        )
+        ]
+        if len(columns) > len(cells):
+            cells.append(escape(reasons.get(name) or ""))
+        table.add_row(*cells)
     return table
+
+
+_TELLING_RE = re.compile(
+    r"error|fail|assert|not found|no such|denied|cannot|could not|refused|timed? ?out",
+    re.IGNORECASE,
+)
+_WHY_CHARS = 80
+
+
+def why_zero(trajectories: Iterable[Trajectory]) -> str | None:
+    """For the last rollout whose verifier scored 0 without an error: the last line of its
+    verifier output that says what failed (else its last line), cut to fit a table cell."""
+    for traj in reversed(list(trajectories)):
+        if traj.error is not None or not traj.transitions:
+            continue
+        final = traj.transitions[-1]
+        output = final.info.get("verifier_output")
+        if final.reward != 0.0 or not isinstance(output, str):
+            continue
+        lines = [line.strip() for line in output.splitlines() if line.strip(" =-_")]
+        if not lines:
+            return "the verifier printed nothing"
+        content = [ln for ln in lines if not ln.startswith(("===", "___", "---"))] or lines
+        line = next(
+            (ln for ln in reversed(content) if ln.startswith(("FAILED ", "ERROR "))),
+            next((ln for ln in reversed(content) if _TELLING_RE.search(ln)), content[-1]),
+        )
+        kind, _, rest = line.partition(" ")
+        if kind in ("FAILED", "ERROR") and "::" in rest:  # pytest: the test, not its path
+            line = f"{kind} {rest.rsplit('::', 1)[1]}"
+        return line if len(line) <= _WHY_CHARS else line[: _WHY_CHARS - 3] + "..."
+    return None
 
 
 def _short(key: int | str) -> int | str:

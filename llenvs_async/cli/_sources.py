@@ -34,7 +34,8 @@ _COUNTER_TARGETS = (1, 2, 3, 4, 5)
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HarborOptions:
     """How Harbor tasks are built and run (``--base-image``, ``--build-network``,
-    ``--build-ca-bundle``, ``--allow-network``, ``--command-timeout``)."""
+    ``--build-ca-bundle``, ``--allow-network``, ``--command-timeout``,
+    ``--provision-verifier``)."""
 
     base_images: tuple[tuple[str, str], ...] = ()
     build_network: bool = False
@@ -42,6 +43,7 @@ class HarborOptions:
     allow_network: bool = False
     command_timeout: float | None = None
     """Seconds per command; ``None``: the task's ``[agent].timeout_sec``."""
+    provision_verifier: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -50,6 +52,7 @@ class HarborOptions:
             "build_ca_bundle": self.build_ca_bundle,
             "allow_network": self.allow_network,
             "command_timeout": self.command_timeout,
+            "provision_verifier": self.provision_verifier,
         }
 
     @classmethod
@@ -65,6 +68,7 @@ class HarborOptions:
             build_ca_bundle=data.get("build_ca_bundle"),
             allow_network=bool(data.get("allow_network", False)),
             command_timeout=data.get("command_timeout"),
+            provision_verifier=bool(data.get("provision_verifier", False)),
         )
 
 

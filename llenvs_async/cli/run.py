@@ -68,14 +68,16 @@ def run(
     base_image: opt.BaseImageOpt = None,
     build_network: opt.BuildNetworkOpt = False,
     build_ca_bundle: opt.BuildCaBundleOpt = None,
+    provision_verifier: opt.ProvisionVerifierOpt = False,
     allow_network: opt.AllowNetworkOpt = False,
     command_timeout: opt.CommandTimeoutOpt = None,
     ray_address: opt.RayAddressOpt = None,
 ) -> None:
     """Collect trajectories over a Harbor dataset or a built-in env; one JSONL line each."""
     harbor = opt.harbor_options(
-        base_image, build_network, build_ca_bundle, allow_network, command_timeout
-    )
+        base_image, build_network, build_ca_bundle, allow_network, command_timeout,
+        provision_verifier,
+    )  # fmt: skip
     spec = SourceSpec.from_flags(dataset, env, max_steps, harbor)
     options = opt.backend_options(
         backend, model, base_url, epsilon, seed, temperature, max_tokens, token_mode, tokenizer

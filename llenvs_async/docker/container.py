@@ -104,6 +104,8 @@ class ContainerSpec:
     cap_drop: tuple[str, ...] = DEFAULT_CAP_DROP
     cap_add: tuple[str, ...] = ()
     labels: Mapping[str, str] = field(default_factory=_frozen)
+    extra_hosts: tuple[str, ...] = ()
+    """``host:ip`` lines added to ``/etc/hosts`` (containers joining this one share them)."""
 
     def __post_init__(self) -> None:
         if not self.image:
@@ -130,6 +132,8 @@ class ContainerSpec:
             "SecurityOpt": ["no-new-privileges:true"],
             "Binds": [],
         }
+        if self.extra_hosts:
+            host["ExtraHosts"] = list(self.extra_hosts)
         if self.memory_bytes is not None:
             host["Memory"] = host["MemorySwap"] = self.memory_bytes
         if self.pids_limit is not None:
@@ -142,7 +146,9 @@ class ContainerSpec:
             "Cmd": [],
             "Env": [f"{k}={v}" for k, v in self.env.items()],
             "Labels": {**self.labels, **owner_labels},
-            "NetworkDisabled": self.network_mode == "none",
+            # A disabled network also means an empty /etc/hosts: not when hosts are added
+            # (network mode "none" still gives only a loopback interface).
+            "NetworkDisabled": self.network_mode == "none" and not self.extra_hosts,
             "HostConfig": host,
             "AttachStdin": False,
             "OpenStdin": False,

@@ -84,6 +84,13 @@ def split_image_ref(ref: str) -> tuple[str, str]:
     return repo, tag
 
 
+async def _close_client(client: aiodocker.Docker | None) -> None:
+    if client is not None:
+        await client.close()
+        if not client.connector.closed:  # ours (see _client), not the client's
+            await client.connector.close()
+
+
 class DockerEngine:
     """Owns one ``aiodocker.Docker`` (local socket or ``DOCKER_HOST``); an async context manager.
 
@@ -224,16 +231,20 @@ class DockerEngine:
         with translate_errors(f"tagging {ref!r} as {repo_tag!r}", image=ref):
             await self.client.images.tag(ref, repo, tag=tag)
 
+    async def disconnect(self) -> None:
+        """Close the client but stay usable: the next ``connect`` opens a new one (for an
+        owner with nothing running through it, so no connection outlives its event loop)."""
+        async with self._lock:
+            client, self._client = self._client, None
+        await _close_client(client)
+
     async def aclose(self) -> None:
         """Close the client (idempotent); containers are not touched."""
         if self._closed:
             return
         self._closed = True
         client, self._client = self._client, None
-        if client is not None:
-            await client.close()
-            if not client.connector.closed:  # ours (see _client), not the client's
-                await client.connector.close()
+        await _close_client(client)
 
     async def __aenter__(self) -> DockerEngine:
         return await self.connect()

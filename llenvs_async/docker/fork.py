@@ -158,6 +158,8 @@ async def _remove_images(engine: DockerEngine, refs: Sequence[str]) -> list[str]
     """Remove images concurrently; ``"ref: error"`` for each that could not be removed
     (by id, an image a running container uses is refused rather than left untagged)."""
 
+    await engine.connect()  # an idle owner may have disconnected it (reconnects; idempotent)
+
     async def remove(ref: str) -> str | None:
         try:
             await remove_image(engine, ref)

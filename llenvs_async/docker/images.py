@@ -21,7 +21,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +44,7 @@ __all__ = [
     "ensure_busybox_image",
     "ensure_standin_images",
     "import_rootfs",
+    "log_tail",
     "main",
     "tag_slug",
 ]
@@ -69,7 +70,11 @@ RUN apt-get update \\
  && rm -rf /var/lib/apt/lists/* /usr/lib/python3*/EXTERNALLY-MANAGED
 LABEL {IMAGE_LABEL}=python-standin
 """
-_LOG_TAIL_LINES = 25
+_LOG_TAIL_LINES = 12
+_LINE_CHARS = 160
+_ERROR_CHARS = 400
+_ANSI_RE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+_PROGRESS_RE = re.compile(r"^[\s\u2500-\u259f|#=>.-]*\d[\d.]*\s*/\s*\d[\d.]*\s*[kMG]?B")
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -325,15 +330,21 @@ async def build_image(
     labels: Mapping[str, str] | None = None,
     network: bool = False,
     what: str | None = None,
+    dockerfile: str = "Dockerfile",
+    diagnose: Callable[[Sequence[str]], str | None] | None = None,
 ) -> list[str]:
     """``docker build`` of a tar context; returns the build log's lines.
 
     ``network``: build with the host's network (the daemon here has no bridge, so that is
     the only network a build can get); else none. A failed build raises ``ImageError`` with
-    the failing step's error AND the last lines of the build log.
+    the failing step's error AND the last lines of the build log, short enough for one
+    screen (ANSI escapes and progress bars dropped, long lines cut); ``diagnose`` sees the
+    whole log and may add a hint line.
     """
     what = what or f"building {tag}"
     params = {"t": tag, "rm": "1", "forcerm": "1", "networkmode": "host" if network else "none"}
+    if dockerfile != "Dockerfile":
+        params["dockerfile"] = dockerfile
     if labels:
         params["labels"] = json.dumps(dict(labels))
     log: list[str] = []
@@ -363,9 +374,27 @@ async def build_image(
                     detail = message.get("errorDetail", {}).get("message") or message.get("error")
                     error = str(detail)
     if error is not None:
-        tail = "\n".join(f"  | {line}" for line in log[-_LOG_TAIL_LINES:])
-        raise ImageError(f"{what} failed: {error}\nbuild log (last lines):\n{tail}")
+        hint = diagnose(log) if diagnose is not None else None
+        message = f"{what} failed: {_clip(error, _ERROR_CHARS)}\n{log_tail(log)}"
+        raise ImageError(message if hint is None else f"{message}\n{hint}")
     return log
+
+
+def _clip(text: str, limit: int) -> str:
+    """``text`` without ANSI escapes, at most ``limit`` characters (its middle cut)."""
+    clean = _ANSI_RE.sub("", text).replace("\r", "").strip()
+    if len(clean) <= limit:
+        return clean
+    half = (limit - 5) // 2
+    return f"{clean[:half]} ... {clean[-half:]}"
+
+
+def log_tail(lines: Sequence[str], count: int = _LOG_TAIL_LINES) -> str:
+    """The last ``count`` meaningful lines of a build log, one screen at most."""
+    kept = [_clip(line, _LINE_CHARS) for line in lines]
+    kept = [line for line in kept if line and not _PROGRESS_RE.match(line)]
+    body = "\n".join(f"  | {line}" for line in kept[-count:])
+    return f"build log (last lines):\n{body}"
 
 
 async def ensure_standin_images(engine: DockerEngine, *, force: bool = False) -> list[ImageInfo]:

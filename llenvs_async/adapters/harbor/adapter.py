@@ -60,6 +60,9 @@ class HarborAdapter(AsyncResource):
     ``warm_pool``: keep up to N started containers (shell open) per task image, so a
     ``reset`` takes one instead of creating it. ``artifacts_dir``: keep each verified
     episode's ``artifacts`` (and ``/logs/artifacts``) under ``<dir>/<task>/<episode id>/``.
+    ``provision_verifier``: a ``test.sh`` of the common ``curl .../uv/<ver>/install.sh | sh;
+    uvx --with ... pytest`` shape gets uv and its packages at build time and runs offline
+    (see ``provision.py``; needs ``build_network``).
     Close the adapter (``async with``) to remove the pool's containers and close its engine.
     """
 
@@ -76,7 +79,13 @@ class HarborAdapter(AsyncResource):
         engine: DockerEngine | None = None,
         warm_pool: int = 0,
         artifacts_dir: str | Path | None = None,
+        provision_verifier: bool = False,
     ) -> None:
+        if provision_verifier and not build_network:
+            raise ValueError(
+                "provision_verifier=True fetches the verifier's uv/pytest at build time: "
+                "it needs build_network=True (--build-network)"
+            )
         if isinstance(warm_pool, bool) or not isinstance(warm_pool, int) or warm_pool < 0:
             raise ValueError(f"warm_pool must be an int >= 0, got {warm_pool!r}")
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
@@ -89,7 +98,9 @@ class HarborAdapter(AsyncResource):
             raise ValueError(f"build_ca_bundle {str(ca_bundle)!r} is not a file")
         self.images = TaskImages(
             base_image_aliases or (),
-            BuildSettings(network=build_network, ca_bundle=ca_bundle),
+            BuildSettings(
+                network=build_network, ca_bundle=ca_bundle, provision_verifier=provision_verifier
+            ),
         )
         self._owns_engine = engine is None
         self.engine = engine if engine is not None else DockerEngine(docker_url)
@@ -101,6 +112,7 @@ class HarborAdapter(AsyncResource):
             engine=self.engine,
             pool=self.pool,
             artifacts_dir=Path(artifacts_dir).expanduser() if artifacts_dir else None,
+            engine_users=set() if self._owns_engine and self.pool is None else None,
         )
         self._closed = False
         self._cache = TaskCache(self.cache_dir, self.registry)

@@ -89,16 +89,35 @@ class HarborDataset:
             if len(self.tasks) != 1:
                 raise ValueError(
                     f"{self.spec} has {len(self)} tasks: reset() needs a task index or name"
+                    f"{self._skipped()}"
                 )
             return 0, self.tasks[0]
         if isinstance(task, bool) or not isinstance(task, int | str):
             raise TypeError(f"a task is an index or a name, got {type(task).__name__}")
         if isinstance(task, int):
             if not 0 <= task < len(self.tasks):
-                raise IndexError(f"task index {task} out of range: {self.spec} has {len(self)}")
+                raise IndexError(
+                    f"task index {task} out of range: {self.spec} has {len(self)} loadable "
+                    f"task(s){self._skipped()}"
+                )
             return task, self.tasks[task]
         index = self.index_of(task)
         return index, self.tasks[index]
+
+    def _skipped(self) -> str:
+        """Why tasks were left out (for an error about a missing task), or ``""``."""
+        if not self.unloadable:
+            return ""
+        shown = [
+            f"{name}: {' '.join(str(exc).split())[:300]}"
+            for name, exc in list(self.unloadable.items())[:3]
+        ]
+        more = len(self.unloadable) - len(shown)
+        return (
+            f"; {len(self.unloadable)} task(s) could not load and were skipped: "
+            + "; ".join(shown)
+            + (f"; and {more} more" if more > 0 else "")
+        )
 
 
 def load_local_dataset(path: Path | str) -> HarborDataset:

@@ -20,6 +20,7 @@ in its own exec (not the agent's shell), as Harbor does, or in a container of it
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterator, Mapping
@@ -42,6 +43,7 @@ from ...docker.shell_task import (
 from ...env import new_episode_id
 from ...errors import (
     ClosedError,
+    ContainerError,
     ContinuationPromptError,
     EnvError,
     RestoreError,
@@ -52,6 +54,8 @@ from . import steps as multi_step
 from .artifacts import collect_artifacts, run_collect_hooks, save_artifacts, transfer_tar
 from .dataset import HarborDataset
 from .image import TASK_IMAGE_LABEL, TaskImages
+from .provision import offline_test_sh
+from .sidecars import Sidecars, extra_hosts, start_sidecars
 from .task import HarborTask, VerifierConfig, resolve_env
 from .verification import run_separate, run_tests, verifier_environment
 from .verifier import VerifierResult
@@ -99,6 +103,10 @@ class HarborRuntime:
     pool: WarmPool | None = None
     artifacts_dir: Path | None = None
     """Where verified episodes' artifacts are kept (``<task>/<episode>/...``); None: not kept."""
+    engine_users: set[int] | None = None
+    """Environments using ``engine`` now; when the last one closes the engine disconnects
+    (reconnecting on next use), so an adapter that is never closed leaks no connection.
+    ``None``: the engine's owner closes it (a caller's engine, or a warm pool's)."""
 
 
 class HarborEnvironment(ShellTaskEnvironment):
@@ -136,9 +144,11 @@ class HarborEnvironment(ShellTaskEnvironment):
         self.dataset = dataset
         self._command_timeout = command_timeout_sec
         self._network = False
+        self._bridge = False
         self._budget_override = budget_sec
         self._engine: DockerEngine | None = None
         self._container: Container | None = None
+        self._sidecars: Sidecars | None = None
         self._shell: ShellSession | None = None
         self._task: HarborTask | None = None
         self._task_index = -1
@@ -274,6 +284,7 @@ class HarborEnvironment(ShellTaskEnvironment):
                 user=cfg.user,
                 tests=self._tests_dirs(),
                 explain=lambda log: self._check_offline_verifier(task, log, self._network),
+                offline=self._offline_verifier(task),
             )
             if self.runtime.artifacts_dir is not None:  # Harbor collects after verification
                 collected = await collect_artifacts(
@@ -311,6 +322,12 @@ class HarborEnvironment(ShellTaskEnvironment):
         task = self._require_task()
         return f"{name}/{task.steps[self._step_index].name}" if task.steps else name
 
+    def _offline_verifier(self, task: HarborTask) -> tuple[str, dict[str, str]] | None:
+        """The provisioned ``test.sh`` and its environment, when the image was provisioned."""
+        if not self.runtime.images.build.provision_verifier or task.dockerfile is None:
+            return None
+        return offline_test_sh((task.tests_dir / "test.sh").read_text(encoding="utf-8"))
+
     def _check_offline_verifier(self, task: HarborTask, log: str, network: bool) -> None:
         """Raise ``VerifierError(kind="network")`` when the verifier failed to reach the
         internet: its low reward says nothing about the agent's work."""
@@ -320,7 +337,13 @@ class HarborEnvironment(ShellTaskEnvironment):
         start = log.rfind("\n", 0, match.start()) + 1
         end = log.find("\n", match.end())
         line = log[start : end if end >= 0 else len(log)].strip()
-        if network:
+        if network and not self._bridge:
+            why = (
+                "its container was given a network, yet the Docker daemon has no bridge "
+                "network (dockerd --bridge=none, as on this machine), so containers get only "
+                "loopback (run the daemon with a bridge to give them the internet)"
+            )
+        elif network:
             why = "its container was given a network but could not resolve or reach the host"
         elif not verifier_environment(task).wants_network:
             table = "[verifier.environment]" if task.config.verifier.separate else "task"
@@ -330,9 +353,17 @@ class HarborEnvironment(ShellTaskEnvironment):
                 "its container has none: the run grants none "
                 "(pass --allow-network, HarborAdapter(allow_network=True))"
             )
+        hint = ""
+        if not self.runtime.images.build.provision_verifier and offline_test_sh(
+            (task.tests_dir / "test.sh").read_text(encoding="utf-8")
+        ):
+            hint = (
+                "; its test.sh has the uv/uvx shape that --build-network --provision-verifier "
+                "fetches at build time (HarborAdapter(provision_verifier=True))"
+            )
         raise VerifierError(
             f"the verifier of {task.name!r} needs the internet but {why}; "
-            f"it printed: {line[:300]!r}",
+            f"it printed: {line[:300]!r}{hint}",
             kind="network",
             path="/tests/test.sh",
         )
@@ -369,10 +400,16 @@ class HarborEnvironment(ShellTaskEnvironment):
         image = image or await self.runtime.images.ensure(engine, harbor_task)
         network = self.runtime.allow_network and env_cfg.wants_network
         self._network = network
+        self._bridge = network and await _daemon_has_bridge(engine)
         agent_user = harbor_task.config.agent.user
+        compose = harbor_task.compose
         spec = ContainerSpec(
             image=image,
-            env=resolve_env(env_cfg.env, harbor_task.name),
+            env={
+                **resolve_env(env_cfg.env, harbor_task.name),
+                **(compose.main.environment if compose else {}),
+            },
+            extra_hosts=extra_hosts(compose) if compose else (),
             workdir=env_cfg.workdir,
             user=None if agent_user is None else str(agent_user),
             network_mode="bridge" if network else "none",
@@ -388,6 +425,15 @@ class HarborEnvironment(ShellTaskEnvironment):
             container = await Container.create(engine, spec)
             self._container = container
             self._shell = await container.shell()
+        if compose is not None and compose.sidecars:
+            try:
+                self._sidecars = await start_sidecars(
+                    engine, self.runtime.images, harbor_task, container,
+                    memory_bytes=spec.memory_bytes, cpus=spec.cpus,
+                )  # fmt: skip
+            except BaseException:
+                await self._drop_container()  # no half-made pod outlives a failed reset
+                raise
         details = await container.inspect()
         self._workdir = env_cfg.workdir or (details.get("Config") or {}).get("WorkingDir") or "/"
         self._task, self._task_index = harbor_task, index
@@ -515,6 +561,11 @@ class HarborEnvironment(ShellTaskEnvironment):
             engine, self._engine = self._engine, None
             if engine is not None and self.runtime.engine is None:
                 await engine.aclose()
+            users = self.runtime.engine_users
+            if users is not None and id(self) in users:
+                users.discard(id(self))
+                if not users and self.runtime.engine is not None:
+                    await self.runtime.engine.disconnect()
 
     # -- internals --------------------------------------------------------------------------
 
@@ -573,6 +624,8 @@ class HarborEnvironment(ShellTaskEnvironment):
 
     async def _get_engine(self) -> DockerEngine:
         if self.runtime.engine is not None:  # the adapter's: connected on first use
+            if self.runtime.engine_users is not None:
+                self.runtime.engine_users.add(id(self))
             return await self.runtime.engine.connect()
         if self._engine is None:
             self._engine = await DockerEngine(self.runtime.docker_url).connect()
@@ -584,9 +637,12 @@ class HarborEnvironment(ShellTaskEnvironment):
         self._verifier = container
 
     async def _drop_container(self) -> None:
+        sidecars, self._sidecars = self._sidecars, None
         container, self._container, self._shell = self._container, None, None
         verifier, self._verifier = self._verifier, None
         try:
+            if sidecars is not None:
+                await sidecars.aclose()
             if verifier is not None:
                 await verifier.aclose()
         finally:
@@ -607,3 +663,14 @@ class HarborEnvironment(ShellTaskEnvironment):
         if self._task is None:
             raise EnvError("HarborEnvironment has no task: call reset() first")
         return self._task
+
+
+async def _daemon_has_bridge(engine: DockerEngine) -> bool:
+    """Whether the daemon has its default ``bridge`` network (not under ``--bridge=none``)."""
+    try:
+        found = await engine.request_json(
+            "GET", "networks", params={"filters": json.dumps({"name": ["bridge"]})}
+        )
+    except ContainerError:
+        return True  # unknown: say nothing about the bridge
+    return any(isinstance(n, dict) and n.get("Name") == "bridge" for n in found or [])

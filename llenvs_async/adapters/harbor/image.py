@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import functools
 import hashlib
 import io
 import logging
@@ -27,6 +28,7 @@ from pathlib import Path
 from ...docker.engine import DockerEngine
 from ...docker.images import STANDIN_PATTERNS, build_image, tag_slug
 from ...errors import ImageError
+from .provision import detect_provision, provision_dockerfile
 from .task import HarborTask
 
 __all__ = [
@@ -62,6 +64,12 @@ _DOCKER_HUB_PREFIXES = (
     "index.docker.io/",
     "registry-1.docker.io/",
     "library/",
+)
+_CERT_HINTS = re.compile(
+    r"CERTIFICATE_VERIFY_FAILED|certificate verify failed|self[- ]signed certificate|"
+    r"unable to get local issuer certificate|invalid peer certificate|UnknownIssuer|"
+    r"SSL certificate problem",
+    re.IGNORECASE,
 )
 _NETWORK_HINTS = re.compile(
     r"Temporary failure resolving|Could not resolve|Name or service not known|"
@@ -120,6 +128,8 @@ class BuildSettings:
 
     network: bool = False
     ca_bundle: Path | None = None
+    provision_verifier: bool = False
+    """Provision what a recognised uv/uvx ``test.sh`` fetches (see ``provision.py``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -234,10 +244,11 @@ def context_tar(
     ca_bundle: Path | None = None,
     *,
     root: Path | None = None,
+    dockerfile_name: str = "Dockerfile",
 ) -> tuple[bytes, str]:
-    """The build context (``environment/``, or ``root``, with ``dockerfile`` as its
-    Dockerfile, or the task's own rewritten through an alias mapping) as tar bytes, and its
-    hash over paths, executable bits and contents (never mtimes)."""
+    """The build context (``root``, default ``environment/``, with ``dockerfile`` as its
+    ``dockerfile_name``, or the task's own rewritten through an alias mapping) as tar bytes,
+    and its hash over paths, executable bits and contents (never mtimes)."""
     if not isinstance(dockerfile, str):
         assert task.dockerfile is not None
         dockerfile = rewrite_from_lines(task.dockerfile.read_text(encoding="utf-8"), dockerfile)
@@ -259,7 +270,7 @@ def context_tar(
             info.uname = info.gname = ""
             info.mtime = 0
             if path.is_file() and not path.is_symlink():
-                data = dockerfile.encode("utf-8") if rel == "Dockerfile" else path.read_bytes()
+                data = dockerfile.encode("utf-8") if rel == dockerfile_name else path.read_bytes()
                 add_file(rel, data, info)
             else:
                 tar.addfile(info)
@@ -281,7 +292,7 @@ class TaskImages:
         self.build = build or BuildSettings()
         self._locks: dict[str, asyncio.Lock] = {}
         self._ready: dict[str, str] = {}
-        self._by_task: dict[Path, str] = {}  # a task's image, once known: no re-tar per reset
+        self._by_task: dict[Path, str] = {}  # by task dir or sidecar Dockerfile
         self._task_locks: dict[Path, asyncio.Lock] = {}
         self._warned: set[tuple[str, str]] = set()
         self.builds = 0
@@ -315,7 +326,9 @@ class TaskImages:
                     f"({self.resolver.how_to_map(prebuilt)})"
                 )
         assert task.dockerfile is not None
-        return await self._ensure_built(engine, task, task.dockerfile, task.short_name)
+        return await self._ensure_built(
+            engine, task, task.dockerfile, task.short_name, provision=self.build.provision_verifier
+        )
 
     async def ensure_verifier(self, engine: DockerEngine, task: HarborTask) -> str:
         """The image of a separate verifier: ``[verifier.environment].docker_image`` when it
@@ -343,11 +356,36 @@ class TaskImages:
                 self._by_task[key] = ref
         return self._by_task[key]
 
-    async def _ensure_built(
-        self, engine: DockerEngine, task: HarborTask, dockerfile_path: Path, slug: str
+    async def ensure_built(
+        self, engine: DockerEngine, task: HarborTask, dockerfile_path: Path, *, service: str
     ) -> str:
-        """Build ``dockerfile_path`` (its directory is the context) unless its tag exists."""
+        """The image of one of ``task``'s compose sidecar ``service``s, built from
+        ``dockerfile_path`` (its directory is the context), worked out once per service."""
+        known = self._by_task.get(dockerfile_path)
+        if known is not None:
+            return known
+        async with self._task_locks.setdefault(dockerfile_path, asyncio.Lock()):
+            if dockerfile_path not in self._by_task:
+                slug = f"{task.short_name}-{service}"
+                self._by_task[dockerfile_path] = await self._ensure_built(
+                    engine, task, dockerfile_path, slug
+                )
+        return self._by_task[dockerfile_path]
+
+    async def _ensure_built(
+        self,
+        engine: DockerEngine,
+        task: HarborTask,
+        dockerfile_path: Path,
+        slug: str,
+        *,
+        provision: bool = False,
+    ) -> str:
+        """Build ``dockerfile_path`` (its directory is the context) unless its tag exists;
+        ``provision``: with the verifier's uv/pytest fetched at build time."""
         dockerfile = await asyncio.to_thread(dockerfile_path.read_text, encoding="utf-8")
+        if provision:
+            dockerfile = await asyncio.to_thread(_provisioned, task, dockerfile)
         uses = []
         for index, kind, written in _image_uses(dockerfile):
             image = await self.resolver.resolve(engine, written)
@@ -361,7 +399,14 @@ class TaskImages:
             uses.append(_Use(written=written, line=index, image=image))
         text = _rewrite(dockerfile, uses, self.build.ca_bundle is not None)
         context, content_hash = await asyncio.to_thread(
-            context_tar, task, text, self.build.ca_bundle, root=dockerfile_path.parent
+            functools.partial(
+                context_tar,
+                task,
+                text,
+                self.build.ca_bundle,
+                root=dockerfile_path.parent,
+                dockerfile_name=dockerfile_path.name,
+            )
         )
         tag = f"llenvs-harbor/{tag_slug(slug)}:{content_hash}"
         if tag in self._ready:
@@ -399,20 +444,41 @@ class TaskImages:
                     labels={TASK_IMAGE_LABEL: task.name},
                     network=self.build.network,
                     what=f"building the image of task {task.name!r} ({source})",
+                    dockerfile=source.name,
+                    diagnose=self._diagnose,
                 )
         except TimeoutError as exc:
             raise ImageError(
                 f"building the image of task {task.name!r} took more than "
                 f"build_timeout_sec={timeout:g}s"
             ) from exc
-        except ImageError as exc:
-            if not self.build.network and _NETWORK_HINTS.search(str(exc)):
-                raise ImageError(
-                    f"{exc}\nthe build has no network: pass --build-network "
-                    "(HarborAdapter(build_network=True)) to build with the host's network"
-                ) from exc
-            raise
         self.builds += 1
+
+    def _diagnose(self, log: Sequence[str]) -> str | None:
+        """A hint for a failed build's whole log: no network, or an untrusted TLS proxy."""
+        text = "\n".join(log)
+        if not self.build.network and _NETWORK_HINTS.search(text):
+            return (
+                "the build has no network: pass --build-network "
+                "(HarborAdapter(build_network=True)) to build with the host's network"
+            )
+        if self.build.ca_bundle is None and _CERT_HINTS.search(text):
+            return (
+                "a download in the build did not trust the server's certificate (a "
+                "TLS-intercepting proxy?): pass --build-ca-bundle FILE, e.g. "
+                "/etc/ssl/certs/ca-certificates.crt (HarborAdapter(build_ca_bundle=...))"
+            )
+        return None
+
+
+def _provisioned(task: HarborTask, dockerfile: str) -> str:
+    """``dockerfile`` with the verifier's uv/uvx needs provisioned, when ``test.sh`` has the
+    recognised shape (else unchanged)."""
+    provision = detect_provision((task.tests_dir / "test.sh").read_text(encoding="utf-8"))
+    if provision is None:
+        _log.info("task %s: test.sh has no recognised uv/uvx shape; not provisioned", task.name)
+        return dockerfile
+    return provision_dockerfile(dockerfile, provision)
 
 
 async def _chunks(data: bytes) -> AsyncIterator[bytes]:

@@ -5,10 +5,11 @@ A task directory holds ``task.toml``, ``instruction.md``, ``environment/Dockerfi
 ``solution/solve.sh``. Multi-step tasks (``[[steps]]``) keep each step's instruction,
 tests, solution and ``workdir/`` under ``steps/<name>/``; a separate verifier
 (``[verifier].environment_mode = "separate"`` or a ``[verifier.environment]`` table)
-is built from ``tests/`` (``tests/Dockerfile``). Anything malformed raises
-``TaskLoadError`` naming the file, the field and the bad value; so does a format
-feature we do not run (docker-compose sidecars, a separate verifier inside a
-multi-step task): a clear refusal rather than a silently different episode.
+is built from ``tests/`` (``tests/Dockerfile``); ``environment/docker-compose.yaml`` is
+parsed by ``compose.py`` (its sidecars run pod-style, see ``sidecars.py``). Anything
+malformed raises ``TaskLoadError`` naming the file, the field and the bad value; so does
+a format feature we do not run (a separate verifier inside a multi-step task): a clear
+refusal rather than a silently different episode.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ...errors import EnvError, TaskLoadError
+from .compose import ComposeSpec, load_compose
 
 __all__ = [
     "AgentConfig",
@@ -271,6 +273,8 @@ class HarborTask:
     solution_dir: Path | None
     steps: tuple[TaskStep, ...] = ()
     """A multi-step task's steps, in order (empty for an ordinary task)."""
+    compose: ComposeSpec | None = None
+    """``environment/docker-compose.yaml``: the main service's settings and its sidecars."""
 
     @property
     def short_name(self) -> str:
@@ -703,7 +707,6 @@ def load_task(path: Path | str, *, fallback_name: str | None = None) -> HarborTa
     if not toml_path.is_file():
         raise TaskLoadError("is missing (every Harbor task has one)", path=str(toml_path))
     config = parse_task_config(_read(toml_path), path=str(toml_path))
-    _refuse_unsupported(root, config, str(toml_path))
     for key in config.ignored:
         _log.warning("%s: %r is not supported by llenvs-async and is ignored", toml_path, key)
     steps = _load_steps(root, config, str(toml_path))
@@ -730,6 +733,9 @@ def load_task(path: Path | str, *, fallback_name: str | None = None) -> HarborTa
     tests_dir = root / "tests"
     _check_verifier_files(root, config, steps)
     solution_dir = root / "solution"
+    compose_files = [root / "environment" / n for n in COMPOSE_FILES]
+    compose_path = next((p for p in compose_files if p.is_file()), None)
+    compose = load_compose(compose_path) if compose_path is not None else None
     name = config.task.name if config.task is not None else (fallback_name or root.name)
     return HarborTask(
         path=root,
@@ -740,6 +746,7 @@ def load_task(path: Path | str, *, fallback_name: str | None = None) -> HarborTa
         tests_dir=tests_dir,
         solution_dir=solution_dir if solution_dir.is_dir() else None,
         steps=steps,
+        compose=compose,
     )
 
 
@@ -804,17 +811,6 @@ def _check_verifier_files(root: Path, config: TaskConfig, steps: tuple[TaskStep,
         return
     if not (tests / "test.sh").is_file():
         raise TaskLoadError("is missing (the verifier)", path=str(tests / "test.sh"))
-
-
-def _refuse_unsupported(root: Path, config: TaskConfig, toml_path: str) -> None:
-    """Raise ``TaskLoadError`` for format features whose episode we would run differently."""
-    for name in COMPOSE_FILES:
-        if (root / "environment" / name).is_file():
-            raise TaskLoadError(
-                "describes a docker-compose environment (sidecar services), which llenvs-async "
-                "does not run; only environment/Dockerfile or [environment].docker_image",
-                path=str(root / "environment" / name),
-            )
 
 
 def _read(path: Path) -> str:

@@ -33,7 +33,7 @@ __all__ = [
     "read_text",
     "run_separate",
     "run_tests",
-    "tests_tar",
+    "pack_tests",
     "verifier_environment",
 ]
 
@@ -53,19 +53,24 @@ async def read_text(container: Container, path: str) -> str | None:
     return data.decode("utf-8", "replace")
 
 
-def tests_tar(dirs: Sequence[Path]) -> bytes:
+def pack_tests(dirs: Sequence[Path], test_sh: str | None = None) -> bytes:
     """The ``tests/`` directories, later ones overriding same-named files, as one tar rooted
-    at ``tests/`` (owned by root)."""
+    at ``tests/`` (owned by root); ``test_sh`` replaces ``tests/test.sh``'s content."""
 
-    def as_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    def as_root(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
         info.uid = info.gid = 0
         info.uname = info.gname = "root"
-        return info
+        return None if test_sh is not None and info.name == "tests/test.sh" else info
 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for directory in dirs:
             tar.add(directory, arcname="tests", filter=as_root)
+        if test_sh is not None:
+            data = test_sh.encode("utf-8")
+            info = tarfile.TarInfo("tests/test.sh")
+            info.size, info.mode = len(data), 0o755
+            tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
 
 
@@ -89,14 +94,16 @@ async def run_tests(
     user: str | int | None,
     tests: Sequence[Path] | None,
     explain: Callable[[str], None],
+    offline: tuple[str, Mapping[str, str]] | None = None,
 ) -> tuple[VerifierResult, str]:
     """Run ``/tests/test.sh`` (uploading ``tests`` first unless ``None``: the image holds
     them) and parse the reward; returns it with the verifier's log. ``explain(log)`` runs
-    when no reward could be read or it is below 1 (it may raise a better error)."""
+    when no reward could be read or it is below 1 (it may raise a better error).
+    ``offline``: a provisioned verifier's rewritten ``test.sh`` and its extra environment."""
     setup = f"rm -rf {VERIFIER_LOG_DIR} && mkdir -p -m 777 {VERIFIER_LOG_DIR}"
     if tests is not None:
         await _prepare(container, f"rm -rf /tests && {setup}")
-        await container.put_archive("/", tests_tar(tests))
+        await container.put_archive("/", pack_tests(tests, offline[0] if offline else None))
     elif await _prepare(container, f"{setup} && test -f /tests/test.sh || exit 3") == 3:
         raise VerifierError(
             f"the verifier image of {task.name!r} holds no /tests/test.sh: a separate "
@@ -107,7 +114,7 @@ async def run_tests(
     run = await container.exec(
         ["bash", "-c", f"bash /tests/test.sh > {VERIFIER_LOG_DIR}/test-stdout.txt 2>&1"],
         timeout=timeout_sec,
-        env=resolve_env(env, task.name),
+        env={**resolve_env(env, task.name), **(offline[1] if offline else {})},
         workdir=workdir,
         user=None if user is None else str(user),
     )

@@ -20,6 +20,8 @@ from llenvs_async.errors import DockerUnavailableError
 from llenvs_async.types import GenerationRequest
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "tasks"
+# Task directories: their tests/test_*.py run inside task containers, never here.
+collect_ignore_glob = ["tasks_real/*"]
 
 # version -> ordered (registry task name, example directory) pairs
 RegistrySpec = Mapping[str, Sequence[tuple[str, str]]]

@@ -6,8 +6,9 @@ stand-ins), ``ARG``-expanded ``FROM``, ``COPY --from`` a stage and an external i
 apt/pip installs at build time (no build network: a clear error), heredoc and multi-line
 ``solve.sh`` with files under ``solution/``, ``set -euo pipefail``, ``[solution].env``, a
 three-step task (and one whose second step misses its ``min_reward``, which ends the
-episode), a separate verifier with artifacts and a collect hook, compose sidecars, a
-verifier that needs the internet.
+episode), a separate verifier with artifacts and a collect hook, a compose sidecar the main
+container talks to (pod-style), a verifier that needs the internet, a terminal-bench-style
+uv/uvx verifier (run offline with ``--provision-verifier``: test_provision.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from .conftest import harbor_containers
 TASKS = Path(__file__).resolve().parent / "tasks_real"
 SOLVABLE = {
     "arg-from-solution-files",
+    "compose-sidecar",
     "digest-pinned-heredoc",
     "hub-python-heredoc",
     "multistage-copy-from",
@@ -53,7 +55,10 @@ REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
         "ImageError",
         ("ghcr.io/astral-sh/uv:0.5.11", "COPY --from on line 2", "--base-image"),
     ),
-    "compose-sidecar": ("TaskLoadError", ("docker-compose.yaml", "sidecar")),
+    "uv-verifier": (
+        "VerifierError",
+        ("needs the internet", "no-network", "--build-network --provision-verifier"),
+    ),
     "verifier-needs-network": (
         "VerifierError",
         ("needs the internet", "the run grants none", "--allow-network"),
@@ -83,7 +88,7 @@ def test_the_task_set_covers_every_shape() -> None:
     loaded = {t.short_name for t in dataset.tasks}
     assert len(loaded) + len(dataset.unloadable) >= 10
     unloadable = {name.rsplit("/", 1)[-1] for name in dataset.unloadable}
-    assert unloadable == {"compose-sidecar"}
+    assert unloadable == set()
     assert loaded == (set(ORACLE_REWARDS) | set(REFUSED)) - unloadable
     hub = dataset.resolve("hub-python-heredoc")[1]
     assert hub.declared_workdir == "/workspace"
@@ -163,7 +168,9 @@ async def test_allow_network_reaches_the_verifier_or_says_why_not(
         assert trajectory["transitions"][-1]["reward"] == 1.0
     else:  # this machine's daemon runs --bridge=none: a network in name only
         assert trajectory["error"]["type"] == "VerifierError"
-        assert "was given a network but could not resolve" in trajectory["error"]["message"]
+        message = trajectory["error"]["message"]
+        assert "was given a network, yet the Docker daemon has no bridge network" in message
+        assert "--bridge=none" in message
     assert await harbor_containers(docker_engine) == []
 
 
