@@ -69,13 +69,18 @@ def test_q_values_on_a_run_output(cli: Invoke, tmp_path: Path) -> None:
     assert png.read_bytes().startswith(b"\x89PNG")
 
 
-def test_q_values_failures_option(
-    cli: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def submit_crashes(cli: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A results file of the counter env; from then on every "submit" crashes its
+    environment, so all Q(s, submit) rollouts fail."""
     out = tmp_path / "r.jsonl"
     assert cli("run", "--env", "counter", "-t", "3", "-n", "1", "-o", str(out), "-q").code == 0
-    # from here on, every "submit" crashes its environment: Q(s, submit) rollouts all fail
     monkeypatch.setattr(_sources, "CounterEnv", functools.partial(CounterEnv, fail_on="submit"))
+    return out
+
+
+def test_q_values_failures_option(cli: Invoke, tmp_path: Path, submit_crashes: Path) -> None:
+    out = submit_crashes
 
     def rows(*flags: str) -> dict[object, dict[str, object]]:
         est = tmp_path / "q.json"
@@ -97,11 +102,9 @@ def test_q_values_failures_option(
 
 
 def test_q_values_trajectories_writes_the_rollouts_behind_each_estimate(
-    cli: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cli: Invoke, tmp_path: Path, submit_crashes: Path
 ) -> None:
-    out = tmp_path / "r.jsonl"
-    assert cli("run", "--env", "counter", "-t", "3", "-n", "1", "-o", str(out), "-q").code == 0
-    monkeypatch.setattr(_sources, "CounterEnv", functools.partial(CounterEnv, fail_on="submit"))
+    out = submit_crashes
     est, trajs = tmp_path / "q.json", tmp_path / "q.rollouts.jsonl"
     trajs.write_text("stale\n")  # overwritten, as --json is
     res = cli("q-values", str(out), "-a", "submit", "-n", "3", "--json", str(est),
