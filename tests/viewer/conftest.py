@@ -20,6 +20,7 @@ import pytest
 from llenvs_async.cli import _sources, main
 from llenvs_async.envs import CounterEnv
 
+from ..cli._docker import docker_ready  # noqa: F401  (a fixture)
 from ._browser import CHROMEDRIVER, CHROMIUM, find, start_chromium
 
 

@@ -291,3 +291,19 @@ def test_estimates_without_ids_or_rollouts_still_load(generated: Generated, tmp_
     named = [e for n in document["values"] for e in (n["v"], *n["q"]) if e is not None]
     assert all(e["rollouts"] is None and e["trajectories"] == str(generated.rollouts0)
                for e in named)  # fmt: skip
+
+
+@pytest.mark.docker
+def test_a_docker_run_shows_each_commands_duration(docker_ready: None, tmp_path: Path) -> None:
+    """Harbor steps record ``duration_sec`` in the step's info: the page shows it per step."""
+    out = tmp_path / "h.jsonl"
+    tasks = Path(__file__).resolve().parents[2] / "examples" / "tasks"
+    assert main(["run", str(tasks), "-t", "csv-totals", "-n", "1", "-o", str(out), "-q"]) == 0
+    (traj,) = [r.trajectory for r in load_results(out)]
+    assert traj.error is None and len(traj) >= 2
+    _, (detail,) = load_files([out])
+    for step, transition in zip(detail["steps"], traj.transitions, strict=True):
+        if "duration_sec" in transition.info:  # a command ran (the submit step runs none)
+            assert step["timing"] == {"duration_sec": transition.info["duration_sec"]}
+            assert 0 < step["timing"]["duration_sec"] < 60
+    assert sum("duration_sec" in s["timing"] for s in detail["steps"]) == len(traj) - 1
