@@ -49,13 +49,14 @@ def load_files(paths: Sequence[Path]) -> tuple[Json, list[Json]]:
         if kind == "values":
             estimates.append((index, items))
             continue
-        by_record = {id(r): e for r, e in items}
+        estimate_of = {r.key: e for r, e in items}  # the last written wins, as for records
         for record in unique_by_key(r for r, _ in items):
-            estimate = by_record[id(record)]
+            estimate = estimate_of[record.key]
             row = {**_run_row(len(details), index, record), "estimate": estimate}
             (runs if estimate is None else behind.setdefault(estimate, [])).append(row)
             details.append(trajectory_detail(row, record.trajectory))
-    values = [node for index, rows in estimates for node in _value_nodes(index, rows, details)]
+    ran = [details[row["id"]] for row in runs]
+    values = [node for index, rows in estimates for node in _value_nodes(index, rows, ran)]
     matched = _attach_rollouts(values, behind)
     for f in files:
         if f["kind"] == "rollouts":
@@ -278,7 +279,7 @@ def trajectory_detail(row: Mapping[str, Any], t: Trajectory) -> Json:
 
 def _value_nodes(file: int, rows: list[Json], details: list[Json]) -> list[Json]:
     """One node per estimated state (task, step, action prefix): V(s) and each Q(s, a), with
-    the loaded trajectories that pass through the state (and which action each took)."""
+    the loaded runs' trajectories that pass through the state (and which action each took)."""
     nodes: dict[tuple[str, int, str], Json] = {}
     for row in rows:
         key = (json.dumps(row["task"]), row["step"], json.dumps(row["prefix"]))
@@ -295,7 +296,7 @@ def _value_nodes(file: int, rows: list[Json], details: list[Json]) -> list[Json]
     for node in nodes.values():
         step, prefix = node["step"], node["prefix"]
         for d in details:
-            actions = [s["action"] for s in d["steps"]]
+            actions = d["prefix"] + [s["action"] for s in d["steps"]]  # from reset on
             if d["task"] == node["task"] and len(actions) > step and actions[:step] == prefix:
                 node["through"].append({"id": d["id"], "action": actions[step]})
     return list(nodes.values())

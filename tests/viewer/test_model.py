@@ -256,6 +256,8 @@ def test_rollouts_files_open_each_estimate_into_its_trajectories(generated: Gene
     assert [f["kind"] for f in document["files"]] == ["run", *["values"] * 2, *["rollouts"] * 2]
     assert [f.get("unmatched") for f in document["files"][3:]] == [0, 0]
     assert len(document["runs"]) == 20  # rollouts open from the tree, not the run list
+    without, _ = load_files(paths)  # the runs through each state are the same either way
+    assert [n["through"] for n in document["values"]] == [n["through"] for n in without["values"]]
     written = {r["id"]: r for r in generated.estimates()}
     shown = [e for n in document["values"] for e in (n["v"], *n["q"]) if e is not None]
     assert {e["id"] for e in shown} == set(written) and len(shown) == len(written)
