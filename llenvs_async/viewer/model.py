@@ -53,7 +53,11 @@ def load_files(paths: Sequence[Path]) -> tuple[Json, list[Json]]:
         for record in unique_by_key(r for r, _ in items):
             estimate = estimate_of[record.key]
             row = {**_run_row(len(details), index, record), "estimate": estimate}
-            (runs if estimate is None else behind.setdefault(estimate, [])).append(row)
+            if estimate is None:
+                runs.append(row)
+            else:  # the rollout's position among its estimate's, as q-values wrote them
+                row["sample"] = len(behind.setdefault(estimate, []))
+                behind[estimate].append(row)
             details.append(trajectory_detail(row, record.trajectory))
     ran = [details[row["id"]] for row in runs]
     values = [node for index, rows in estimates for node in _value_nodes(index, rows, ran)]
@@ -316,7 +320,7 @@ def _attach_rollouts(values: list[Json], behind: Mapping[str, list[Json]]) -> se
 
 
 def _rollout(row: Json) -> Json:
-    return {k: row[k] for k in ("id", "steps", "return", "success", "stop", "error")}
+    return {k: row[k] for k in ("id", "sample", "steps", "return", "success", "stop", "error")}
 
 
 def _timing(info: Mapping[str, Any]) -> Json:

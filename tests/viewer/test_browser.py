@@ -304,6 +304,8 @@ def test_expanding_an_estimate_lists_its_rollouts_and_opens_them(
     actions = [x.text for x in css(browser, "#messages .msg-action pre")]
     assert actions == [a.text for a in traj.actions] and actions[0] == row["action"]
     assert text(browser, "#traj-estimate") == f"Q(s, {row['action']}) at task {row['task']}, step 1"
+    assert text(browser, "#traj-title").endswith(f"task {row['task']}, rollout 1")
+    assert text(browser, "#app .view > p:first-child a") == "\u2190 value tree"  # not: runs
     assert f"step 1, after {row['prefix'][0]}" in text(browser, ".facts")
     # a failed one is marked in the list and opens on its error: every Q(s, dec) crashed
     wait_ready(browser, rollouts_page + "#/values")

@@ -266,6 +266,7 @@ def test_rollouts_files_open_each_estimate_into_its_trajectories(generated: Gene
         assert len(rollouts) == e["n"] + e["failed"]  # failures=exclude
         assert sum(r["error"] is not None for r in rollouts) == e["failed"]
         assert [r["return"] for r in rollouts if r["error"] is None] == e["returns"]
+        assert [r["sample"] for r in rollouts] == list(range(len(rollouts)))
         for r in rollouts:
             detail = details[r["id"]]
             assert detail["id"] == r["id"] and detail["estimate"] == e["id"]

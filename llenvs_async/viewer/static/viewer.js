@@ -215,7 +215,7 @@
     const facts = [
       ["file", doc.files[t.file].path],
       ["task", String(t.task)],
-      ["rollout", t.rollout],
+      ["rollout", t.estimate ? `${t.sample} behind its estimate (record ${t.rollout} of the file)` : t.rollout],
       ["episode", t.episode_id],
       ["steps", t.steps.length],
       ["return", fmt(t.return, 3)],
@@ -248,8 +248,8 @@
       messages.push(message(`observation ${s.step + 1}`, "msg-observation", s.observation));
     }
     show(
-      h("p", {}, h("a", { href: "#/runs" }, "\u2190 runs")),
-      h("h2", { id: "traj-title", "data-id": t.id, class: t.error ? "bad" : "" }, `Trajectory ${t.id}: task ${short(t.task)}, rollout ${t.rollout}`, t.error ? " (failed)" : ""),
+      h("p", {}, t.estimate ? h("a", { href: "#/values" }, "\u2190 value tree") : h("a", { href: "#/runs" }, "\u2190 runs")),
+      h("h2", { id: "traj-title", "data-id": t.id, class: t.error ? "bad" : "" }, `Trajectory ${t.id}: task ${short(t.task)}, rollout ${t.estimate ? t.sample : t.rollout}`, t.error ? " (failed)" : ""),
       h("dl", { class: "facts" }, facts.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])),
       t.error
         ? h(
@@ -363,11 +363,11 @@
     return h(
       "table",
       { class: "rollout-list" },
-      e.rollouts.map((r, i) =>
+      e.rollouts.map((r) =>
         h(
           "tr",
           { class: "rollout-row" + (r.error ? " failed" : ""), "data-id": r.id, onclick: () => (location.hash = "#/t/" + r.id) },
-          h("td", {}, h("a", { class: "rollout-link", href: "#/t/" + r.id }, `rollout ${i}`)),
+          h("td", {}, h("a", { class: "rollout-link", href: "#/t/" + r.id }, `rollout ${r.sample}`)),
           h("td", { class: "num" }, r.error ? "-" : fmt(r.return, 2)),
           h("td", { class: "num" }, `${r.steps} steps`),
           h("td", {}, r.stop),
