@@ -369,7 +369,7 @@
           { class: "rollout-row" + (r.error ? " failed" : ""), "data-id": r.id, onclick: () => (location.hash = "#/t/" + r.id) },
           h("td", {}, h("a", { class: "rollout-link", href: "#/t/" + r.id }, `rollout ${r.sample}`)),
           h("td", { class: "num" }, r.error ? "-" : fmt(r.return, 2)),
-          h("td", { class: "num" }, `${r.steps} steps`),
+          h("td", { class: "num" }, `${r.steps} step${r.steps === 1 ? "" : "s"}`),
           h("td", {}, r.stop),
           h("td", { class: "bad" }, r.error ? `failed: ${r.error.type} (${r.error.phase})` : "")
         )
