@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any, Literal, get_args
 
@@ -79,6 +79,8 @@ class ValueEstimate:
 
     ``returns`` are the values the estimate used (with ``failures="zero"``, a 0.0 per
     failed rollout); ``failed`` counts failed rollouts however they were treated.
+    ``trajectories`` are the rollouts it was computed from, failed ones included, in order
+    (the batch already held them; not part of ``==`` or ``repr``).
     """
 
     mean: float
@@ -92,6 +94,7 @@ class ValueEstimate:
     action: Action | None = None
     method: Method = "student-t"
     reward_range: tuple[float, float] | None = None
+    trajectories: tuple[Trajectory, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def ci(self) -> tuple[float, float]:
@@ -109,6 +112,7 @@ def summarize_returns(
     failed: int = 0,
     state: State | None = None,
     action: Action | None = None,
+    trajectories: Sequence[Trajectory] = (),
 ) -> ValueEstimate:
     """Mean, standard error and 95% interval of ``returns``, each within ``reward_range``.
 
@@ -121,6 +125,7 @@ def summarize_returns(
     return ValueEstimate(
         mean=mean, stderr=stderr, n=len(values), ci_low=low, ci_high=high, returns=values,
         failed=failed, state=state, action=action, method=method, reward_range=(lo, hi),
+        trajectories=tuple(trajectories),
     )  # fmt: skip
 
 
@@ -347,8 +352,9 @@ def _summarize(
     ]
     failed = sum(t.error is not None for t in trajectories)
     return summarize_returns(
-        returns, reward_range=reward_range, failed=failed, state=state, action=action
-    )
+        returns, reward_range=reward_range, failed=failed, state=state, action=action,
+        trajectories=trajectories,
+    )  # fmt: skip
 
 
 async def estimate_values(

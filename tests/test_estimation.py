@@ -189,3 +189,23 @@ async def test_bad_arguments() -> None:
     backwards = TrajectoryRunner(env, ScriptedBackend(lambda r: "x"))
     with pytest.raises(ValueError, match=r"ChainEnv\.reward_range must be"):
         await estimate_values(backwards, [s], 1)
+
+
+async def test_an_estimate_keeps_the_rollouts_it_was_computed_from() -> None:
+    runner, s = await _failing_runner()
+    [v] = await estimate_values(runner, [s], num_rollouts=8, batch_size=4)
+    assert len(v.trajectories) == v.n + v.failed == 8
+    assert sum(t.error is not None for t in v.trajectories) == v.failed == 2
+    assert all(t.initial_state.task == s.task and t.initial_state.step == s.step == 0
+               for t in v.trajectories)  # fmt: skip
+    ok = [t.discounted_return() for t in v.trajectories if t.error is None]
+    assert tuple(ok) == v.returns  # in order: returns[i] is the i-th rollout that did not fail
+    boom, submit = await estimate_q_values(runner, s, ["boom", "submit"], 3, failures="zero")
+    assert [len(boom.trajectories), len(submit.trajectories)] == [boom.n, submit.n] == [3, 3]
+    assert all(t.error is not None and "'boom'" in t.error.message for t in boom.trajectories)
+    assert boom.failed == 3 and submit.failed == 0
+    assert all(t.actions[0].text == "submit" for t in submit.trajectories)
+    # not part of the value: equal estimates from other rollouts compare equal
+    assert submit == summarize_returns(submit.returns, reward_range=(0.0, 1.0), state=s,
+                                       action=Action(text="submit"))  # fmt: skip
+    assert "trajectories" not in repr(submit)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import uuid
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -13,11 +14,12 @@ import typer
 from rich.table import Table
 
 from ..estimation import Failures, ValueEstimate, estimate_q_values, estimate_values
+from ..serialization import JsonlWriter
 from ..types import State
 from . import _options as opt
 from ._backend import BackendKind, BackendOptions, open_runner
 from ._common import CliError, console, err_console, run_async
-from ._results import ResultRecord, load_results, unique_by_key
+from ._results import ResultRecord, load_results, record_fields, unique_by_key
 from ._sources import SourceSpec, open_source
 from .plot import EstimatePanel, matplotlib_available, plot_estimates
 
@@ -79,6 +81,14 @@ def q_values(
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Write estimates as JSON.")
     ] = None,
+    trajectories_out: Annotated[
+        Path | None,
+        typer.Option(
+            "--trajectories",
+            help="Write the rollouts behind each estimate as a results JSONL, each record "
+            "naming its estimate's id (the JSON's 'id'); `view` opens them from the tree.",
+        ),
+    ] = None,
     snapshot: Annotated[
         bool,
         typer.Option(
@@ -100,7 +110,8 @@ def q_values(
         raise CliError("--rollouts must be >= 2, --n-concurrent and --max-states >= 1")
     if step is not None and step < 0:
         raise CliError(f"--step must be >= 0, got {step}")
-    for flag, target in (("--plot", plot), ("--json", json_out)):
+    targets = (("--plot", plot), ("--json", json_out), ("--trajectories", trajectories_out))
+    for flag, target in targets:
         if target is not None and not target.parent.is_dir():  # fail before the rollouts
             raise CliError(
                 f"{flag} {str(target)!r}: directory {str(target.parent)!r} does not exist"
@@ -119,8 +130,17 @@ def q_values(
         lambda: _estimate(source, options, picks, rollouts, n_concurrent, snapshot, mode)
     )
     console.print(_table(rows, mode))
+    ids = _estimate_ids(len(rows))
+    if trajectories_out is not None:
+        _write_trajectories(trajectories_out, rows, ids, source)
+        console.print(f"trajectories: {trajectories_out}")
     if json_out is not None:
-        json_out.write_text(json.dumps([_json_row(p, label, e) for p, label, e in rows], indent=1))
+        written = None if trajectories_out is None else str(trajectories_out)
+        json_rows = [
+            {"id": ident, **_json_row(p, label, e), "trajectories": written}
+            for ident, (p, label, e) in zip(ids, rows, strict=True)
+        ]
+        json_out.write_text(json.dumps(json_rows, indent=1))
     path = plot if plot is not None else results.with_suffix(".q.png")
     if matplotlib_available():
         panels = [
@@ -209,6 +229,30 @@ async def _estimate(
                 )
                 rows.extend((pick, f"Q: {a}", q) for a, q in zip(pick.actions, qs, strict=True))
     return rows
+
+
+def _estimate_ids(count: int) -> list[str]:
+    """One id per estimate, unique across runs (files from several runs load together)."""
+    run = uuid.uuid4().hex[:12]
+    return [f"{run}-{k}" for k in range(count)]
+
+
+def _write_trajectories(
+    path: Path,
+    rows: list[tuple[StatePick, str, ValueEstimate]],
+    ids: list[str],
+    source: SourceSpec,
+) -> None:
+    """Every estimate's rollouts, in order, as results records (``key.rollout`` numbers
+    them through the file) with ``estimate``: the id of the estimate they belong to."""
+    path.unlink(missing_ok=True)  # a fresh file, as --json is
+    number = 0
+    with JsonlWriter(path) as writer:
+        for ident, (pick, _, e) in zip(ids, rows, strict=True):
+            for trajectory in e.trajectories:
+                fields = record_fields(pick.task, number, source)
+                writer.write_trajectory(trajectory, **fields, estimate=ident)
+                number += 1
 
 
 def _fmt(x: float) -> str:

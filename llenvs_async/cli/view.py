@@ -22,7 +22,9 @@ __all__ = ["view"]
 def view(
     files: Annotated[
         list[Path],
-        typer.Argument(help="Results JSONL of `run` and/or JSON of `q-values --json`."),
+        typer.Argument(
+            help="Results JSONL of `run`; JSON of `q-values --json`, JSONL of its --trajectories."
+        ),
     ],
     port: Annotated[
         int, typer.Option("--port", help="Port on 127.0.0.1 (default: a free one).")
@@ -44,6 +46,8 @@ def view(
     except ViewerInputError as exc:
         raise CliError(str(exc), code=2) from None
     what = f"{len(document['runs'])} trajectories, {len(document['values'])} estimated states"
+    behind = len(details) - len(document["runs"])
+    what += f", {behind} rollouts behind them" if behind else ""
     if html is not None:
         from ..viewer.page import render_page
 

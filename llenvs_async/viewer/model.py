@@ -1,8 +1,10 @@
 """Results and estimate files read, checked and turned into the JSON document the page shows.
 
 A file is a results JSONL (``llenvs-async run``: one record per line, a truncated last line
-ignored as everywhere) or a ``q-values --json`` list. Anything else fails with ONE
-``ViewerInputError`` naming the file, the line (JSONL) or item (estimates), and the field.
+ignored as everywhere), a ``q-values --json`` list, or the ``q-values --trajectories`` JSONL
+(results records that name their estimate's ``id``: the rollouts behind it, opened from the
+value tree, not listed as runs). Anything else fails with ONE ``ViewerInputError`` naming the
+file, the line (JSONL) or item (estimates), and the field.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ __all__ = ["ViewerInputError", "load_files", "trajectory_detail"]
 
 Json = dict[str, Any]
 _HINT = "(expected a results JSONL of `llenvs-async run` or the JSON of `q-values --json`)"
+# Timing keys: seconds are ``*_sec`` (the project's convention: Docker/Harbor steps record
+# ``duration_sec``, a restored state ``replay_sec``); a start time is ``started_at``.
+_TIME_SUFFIX = "_sec"
+_TIME_KEYS = ("started_at",)
 
 
 class ViewerInputError(LlenvsError, ValueError):
@@ -36,18 +42,32 @@ def load_files(paths: Sequence[Path]) -> tuple[Json, list[Json]]:
     runs: list[Json] = []
     details: list[Json] = []
     estimates: list[tuple[int, list[Json]]] = []
+    behind: dict[str, list[Json]] = {}  # estimate id -> its rollouts' rows, in file order
     for index, path in enumerate(paths):
         kind, items = _read(path)
         files.append({"path": str(path), "kind": kind, "records": len(items)})
         if kind == "values":
             estimates.append((index, items))
             continue
-        records = [r for r in items if isinstance(r, ResultRecord)]
-        for record in unique_by_key(records):
-            row = _run_row(len(runs), index, record)
-            runs.append(row)
+        estimate_of = {r.key: e for r, e in items}  # the last written wins, as for records
+        for record in unique_by_key(r for r, _ in items):
+            estimate = estimate_of[record.key]
+            row = {**_run_row(len(details), index, record), "estimate": estimate}
+            if estimate is None:
+                runs.append(row)
+            else:  # the rollout's position among its estimate's, as q-values wrote them
+                row["sample"] = len(behind.setdefault(estimate, []))
+                behind[estimate].append(row)
             details.append(trajectory_detail(row, record.trajectory))
-    values = [node for index, rows in estimates for node in _value_nodes(index, rows, details)]
+    ran = [details[row["id"]] for row in runs]
+    values = [node for index, rows in estimates for node in _value_nodes(index, rows, ran)]
+    matched = _attach_rollouts(values, behind)
+    for f in files:
+        if f["kind"] == "rollouts":
+            f["unmatched"] = 0
+    for estimate, rows in behind.items():
+        for row in rows if estimate not in matched else ():
+            files[row["file"]]["unmatched"] += 1
     return {"files": files, "runs": runs, "values": values}, details
 
 
@@ -65,7 +85,8 @@ def _read(path: Path) -> tuple[str, list[Any]]:
     if head == "[":
         return "values", _read_estimates(path)
     if head == "{":
-        return "run", _read_results(path)
+        records = _read_results(path)
+        return ("run" if records[0][1] is None else "rollouts"), records
     raise ViewerInputError(f"{path}: starts with {head!r} {_HINT}", path=str(path))
 
 
@@ -75,14 +96,22 @@ def _first_char(path: Path) -> str:
     return chunk[:1].decode("latin-1")
 
 
-def _read_results(path: Path) -> list[Any]:
-    out: list[Any] = []
+def _read_results(path: Path) -> list[tuple[ResultRecord, str | None]]:
+    """Each record with the id of the estimate it is a rollout of (None: a run's record)."""
+    out: list[tuple[ResultRecord, str | None]] = []
     number = 0
     try:
         for number, record in iter_jsonl(path):
             where = f"{path}:{number}"
+            estimate = record.get("estimate")
+            if (estimate is not None and not isinstance(estimate, str)) or (
+                out and (estimate is None) != (out[0][1] is None)
+            ):
+                message = f"{where}.estimate: unexpected value {estimate!r:.60} (every record of "
+                message += "a `q-values --trajectories` file names its estimate, no run's does)"
+                raise ViewerInputError(message, path=str(path), line=number, field="estimate")
             try:
-                out.append(parse_result(record, where))
+                out.append((parse_result(record, where), estimate))
             except SerializationError as exc:
                 raise ViewerInputError(f"{where}: {exc}", path=str(path), line=number) from None
     except CliError as exc:
@@ -144,6 +173,9 @@ def _estimate(item: Any, where: str) -> Json:
     if not all(isinstance(r, _NUMBER) and not isinstance(r, bool) for r in returns):
         raise ViewerInputError(f"{where}.returns: expected a list of numbers", field="returns")
     bounds = get("reward_range", (list,), optional=True)
+    for key in ("id", "trajectories"):  # added with `q-values --trajectories`: optional
+        if not isinstance(item.get(key), str | None):
+            raise ViewerInputError(f"{where}.{key}: expected a string, got {item[key]!r:.60}")
     if bounds is not None and not (
         len(bounds) == 2 and all(b is None or isinstance(b, _NUMBER) for b in bounds)
     ):
@@ -163,6 +195,8 @@ def _estimate(item: Any, where: str) -> Json:
         "returns": returns,
         "method": get("method", (str,)),
         "reward_range": bounds,
+        "id": item.get("id"),
+        "trajectories": item.get("trajectories"),
     }
 
 
@@ -189,13 +223,14 @@ def trajectory_detail(row: Mapping[str, Any], t: Trajectory) -> Json:
     """Everything the trajectory page shows, as JSON values."""
     record = t.token_record()
     steps = []
+    start = t.initial_state
     for i, tr in enumerate(t.transitions):
         c = tr.completion
         # token mode: turn i's prompt is input_ids[:turns[i][0]] even when c kept no prompt ids
         prompt = record.turns[i][0] if record is not None else 0
         steps.append(
             {
-                "step": i,
+                "step": tr.state.step,
                 "action": tr.action.text,
                 "tool_calls": _jsonable(tr.action.tool_calls),
                 "observation": tr.next_state.observation.text,
@@ -211,12 +246,16 @@ def trajectory_detail(row: Mapping[str, Any], t: Trajectory) -> Json:
                     "policy_versions": list(c.policy_versions),
                 },
                 "info": _jsonable(tr.info),
+                "timing": _timing(tr.info),
             }
         )
     info = _jsonable(t.info)
     return {
         **row,
         "episode_id": t.episode_id,
+        "start_step": start.step,
+        "prefix": [a.text for a in start.actions],
+        "timing": {**_timing(t.info), **_timing(start.info)},
         "system_prompt": info.get("system_prompt") if isinstance(info, dict) else None,
         "initial": t.initial_state.observation.text,
         "steps": steps,
@@ -244,7 +283,7 @@ def trajectory_detail(row: Mapping[str, Any], t: Trajectory) -> Json:
 
 def _value_nodes(file: int, rows: list[Json], details: list[Json]) -> list[Json]:
     """One node per estimated state (task, step, action prefix): V(s) and each Q(s, a), with
-    the loaded trajectories that pass through the state (and which action each took)."""
+    the loaded runs' trajectories that pass through the state (and which action each took)."""
     nodes: dict[tuple[str, int, str], Json] = {}
     for row in rows:
         key = (json.dumps(row["task"]), row["step"], json.dumps(row["prefix"]))
@@ -261,10 +300,37 @@ def _value_nodes(file: int, rows: list[Json], details: list[Json]) -> list[Json]
     for node in nodes.values():
         step, prefix = node["step"], node["prefix"]
         for d in details:
-            actions = [s["action"] for s in d["steps"]]
+            actions = d["prefix"] + [s["action"] for s in d["steps"]]  # from reset on
             if d["task"] == node["task"] and len(actions) > step and actions[:step] == prefix:
                 node["through"].append({"id": d["id"], "action": actions[step]})
     return list(nodes.values())
+
+
+def _attach_rollouts(values: list[Json], behind: Mapping[str, list[Json]]) -> set[str]:
+    """Each estimate's ``rollouts`` (None: none loaded) from the rollouts files' rows; the
+    ids that found their estimate."""
+    matched: set[str] = set()
+    for node in values:
+        for estimate in filter(None, (node["v"], *node["q"])):
+            rows = behind.get(estimate["id"]) if estimate["id"] is not None else None
+            estimate["rollouts"] = None if rows is None else [_rollout(r) for r in rows]
+            if rows is not None:
+                matched.add(estimate["id"])
+    return matched
+
+
+def _rollout(row: Json) -> Json:
+    return {k: row[k] for k in ("id", "sample", "steps", "return", "success", "stop", "error")}
+
+
+def _timing(info: Mapping[str, Any]) -> Json:
+    """The time-like entries of an ``info``: ``*_sec`` numbers and ``started_at``."""
+    return {
+        k: _jsonable(v)
+        for k, v in info.items()
+        if (k.endswith(_TIME_SUFFIX) and isinstance(v, int | float) and not isinstance(v, bool))
+        or (k in _TIME_KEYS and isinstance(v, str | int | float))
+    }
 
 
 def _finite(x: float) -> float | None:

@@ -49,6 +49,7 @@ def _one_line_error(err: str) -> str:
         (["q-values", "x.jsonl", "--step", "-1"], "--step"),
         (["q-values", "x.jsonl", "--plot", "/no/dir/q.png"], "--plot '/no/dir/q.png'"),
         (["q-values", "x.jsonl", "--json", "/no/dir/q.json"], "--json '/no/dir/q.json'"),
+        (["q-values", "x.jsonl", "--trajectories", "/no/d/t.jsonl"], "--trajectories '/no/d/"),
         (["tasks", "list", "/no/such/tasks"], "no such directory"),
         (["validate-replay", str(EXAMPLE_TASKS), "--task", "nope"], "unknown task 'nope'"),
         (

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from llenvs_async.cli import _sources
+from llenvs_async.cli._results import load_results
 from llenvs_async.docker.ownership import current_owner
 from llenvs_async.docker.snapshots import SNAPSHOT_OWNER_LABEL
 from llenvs_async.envs import CounterEnv
@@ -68,13 +69,18 @@ def test_q_values_on_a_run_output(cli: Invoke, tmp_path: Path) -> None:
     assert png.read_bytes().startswith(b"\x89PNG")
 
 
-def test_q_values_failures_option(
-    cli: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def submit_crashes(cli: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A results file of the counter env; from then on every "submit" crashes its
+    environment, so all Q(s, submit) rollouts fail."""
     out = tmp_path / "r.jsonl"
     assert cli("run", "--env", "counter", "-t", "3", "-n", "1", "-o", str(out), "-q").code == 0
-    # from here on, every "submit" crashes its environment: Q(s, submit) rollouts all fail
     monkeypatch.setattr(_sources, "CounterEnv", functools.partial(CounterEnv, fail_on="submit"))
+    return out
+
+
+def test_q_values_failures_option(cli: Invoke, tmp_path: Path, submit_crashes: Path) -> None:
+    out = submit_crashes
 
     def rows(*flags: str) -> dict[object, dict[str, object]]:
         est = tmp_path / "q.json"
@@ -93,6 +99,45 @@ def test_q_values_failures_option(
     assert "EnvError: CounterEnv was told to fail on 'submit'" in res.err
     res = cli("q-values", str(out), "--failures", "drop")
     assert res.code != 0 and "--failures" in res.err
+
+
+def test_q_values_trajectories_writes_the_rollouts_behind_each_estimate(
+    cli: Invoke, tmp_path: Path, submit_crashes: Path
+) -> None:
+    out = submit_crashes
+    est, trajs = tmp_path / "q.json", tmp_path / "q.rollouts.jsonl"
+    trajs.write_text("stale\n")  # overwritten, as --json is
+    res = cli("q-values", str(out), "-a", "submit", "-n", "3", "--json", str(est),
+              "--trajectories", str(trajs), "--plot", str(tmp_path / "q.png"))  # fmt: skip
+    assert res.code == 0, res.err
+    rows = json.loads(est.read_text())
+    assert len({r["id"] for r in rows}) == len(rows) == 3  # V(s), Q(s, submit), Q(s, inc)
+    assert all(r["trajectories"] == str(trajs) for r in rows)
+    records = read_jsonl(trajs)
+    by_estimate: dict[str, list[int]] = {}
+    for number, record in enumerate(records):
+        by_estimate.setdefault(record["estimate"], []).append(number)
+    assert set(by_estimate) == {r["id"] for r in rows}
+    assert [r["key"]["rollout"] for r in records] == list(range(len(records)))  # unique keys
+    assert all(r["key"]["task"] == rows[0]["task"] for r in records)
+    loaded = load_results(trajs)  # a results file: `view` (and `q-values`) read it as one
+    for row in rows:
+        mine = [loaded[i].trajectory for i in by_estimate[row["id"]]]
+        assert len(mine) == row["n"] + row["failed"] == 3  # failures=exclude
+        assert sum(t.error is not None for t in mine) == row["failed"]
+        assert [t.total_reward for t in mine if t.error is None] == row["returns"]
+        if row["kind"] == "Q":
+            assert all(t.actions[0].text == row["action"] for t in mine if t.error is None)
+    submit = next(r for r in rows if r["action"] == "submit")
+    assert submit["failed"] == 3  # every Q(s, submit) rollout failed: kept, with its error
+    assert all(loaded[i].trajectory.error for i in by_estimate[submit["id"]])
+    # without the flag: the ids (so files from several runs never collide), no file named
+    res = cli("q-values", str(out), "-a", "inc", "-n", "2", "--json", str(est),
+              "--plot", str(tmp_path / "q.png"))  # fmt: skip
+    assert res.code == 0, res.err
+    again = json.loads(est.read_text())
+    assert all(r["trajectories"] is None for r in again)
+    assert not {r["id"] for r in again} & {r["id"] for r in rows}
 
 
 def test_tasks_list_builtin(cli: Invoke) -> None:

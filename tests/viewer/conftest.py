@@ -20,6 +20,7 @@ import pytest
 from llenvs_async.cli import _sources, main
 from llenvs_async.envs import CounterEnv
 
+from ..cli._docker import docker_ready  # noqa: F401  (a fixture)
 from ._browser import CHROMEDRIVER, CHROMIUM, find, start_chromium
 
 
@@ -54,6 +55,8 @@ class Generated:
     runs: Path  # results JSONL of `run` (some rollouts failed)
     values0: Path  # `q-values --json` at step 0 (Q(s, dec): every rollout failed)
     values1: Path  # `q-values --json` at step 1, nested under step 0's states
+    rollouts0: Path  # `q-values --trajectories` of values0: the rollouts behind each estimate
+    rollouts1: Path  # and of values1
 
     def estimates(self) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
@@ -66,13 +69,15 @@ class Generated:
 def generated(tmp_path_factory: pytest.TempPathFactory) -> Generated:
     """Files written by the CLI on the counter env, where every ``dec`` crashes the env."""
     d = tmp_path_factory.mktemp("generated")
-    out = Generated(d / "runs.jsonl", d / "q0.json", d / "q1.json")
+    out = Generated(*(d / n for n in ("runs.jsonl", "q0.json", "q1.json", "t0.jsonl", "t1.jsonl")))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_sources, "CounterEnv", functools.partial(CounterEnv, fail_on="dec"))
         run = ["run", "--env", "counter", "-n", "4", "--epsilon", "0.4", "--seed", "3"]
         assert main([*run, "-o", str(out.runs), "-q"]) == 0
         q = ["q-values", str(out.runs), "-n", "6", "--epsilon", "0.3", "--max-states", "2"]
         plot = ["--plot", str(d / "q.png")]
-        assert main([*q, "--step", "0", "-a", "dec", "--json", str(out.values0), *plot]) == 0
-        assert main([*q, "--step", "1", "--json", str(out.values1), *plot]) == 0
+        q0 = ["--json", str(out.values0), "--trajectories", str(out.rollouts0)]
+        assert main([*q, "--step", "0", "-a", "dec", *q0, *plot]) == 0
+        q1 = ["--json", str(out.values1), "--trajectories", str(out.rollouts1)]
+        assert main([*q, "--step", "1", *q1, *plot]) == 0
     return out

@@ -14,6 +14,8 @@ from PIL import Image
 
 from llenvs_async.cli import main
 from llenvs_async.cli._results import load_results
+from llenvs_async.serialization import read_jsonl
+from llenvs_async.types import Trajectory
 from llenvs_async.viewer.model import load_files
 from llenvs_async.viewer.server import serving
 
@@ -31,15 +33,19 @@ def wait_ready(driver: Any, url: str) -> None:
     )
 
 
-def open_trajectory(driver: Any, row: Any) -> None:
-    """Click a run row and wait for its trajectory page (fetched or parsed on first use)."""
+def wait_for(driver: Any, selector: str) -> None:
+    """Wait until an element matching ``selector`` is on the page."""
     from selenium.webdriver.support.ui import WebDriverWait
 
+    WebDriverWait(driver, 60).until(lambda d: d.find_elements("css selector", selector))
+
+
+def open_trajectory(driver: Any, row: Any) -> None:
+    """Click a row (of runs or rollouts) and wait for its trajectory page (fetched or parsed
+    on first use)."""
     ident = row.get_attribute("data-id")
     row.click()
-    WebDriverWait(driver, 60).until(
-        lambda d: d.find_elements("css selector", f'#traj-title[data-id="{ident}"]')
-    )
+    wait_for(driver, f'#traj-title[data-id="{ident}"]')
 
 
 def css(driver: Any, selector: str) -> list[Any]:
@@ -237,3 +243,129 @@ def test_ten_thousand_trajectories_paginate(
     with capsys.disabled():
         print(f"\n10,000 trajectories: python load {loaded:.2f}s, "
               f"{out.stat().st_size / 1e6:.1f} MB html, browser {timings}")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def served_with_rollouts(generated: Generated) -> Iterator[str]:
+    files = [generated.runs, generated.values0, generated.values1]
+    document, details = load_files([*files, generated.rollouts0, generated.rollouts1])
+    with serving(document, details) as server:
+        yield server.url
+
+
+@pytest.fixture(scope="module")
+def html_with_rollouts(generated: Generated, tmp_path_factory: pytest.TempPathFactory) -> str:
+    out = tmp_path_factory.mktemp("html") / "rollouts.html"
+    files = [generated.runs, generated.values0, generated.values1]
+    paths = [str(p) for p in (*files, generated.rollouts0, generated.rollouts1)]
+    assert main(["view", *paths, "--html", str(out)]) == 0
+    return out.as_uri()
+
+
+@pytest.fixture(params=["served", "file"])
+def rollouts_page(request: pytest.FixtureRequest) -> str:
+    name = "served_with_rollouts" if request.param == "served" else "html_with_rollouts"
+    return str(request.getfixturevalue(name))
+
+
+def _behind(generated: Generated) -> dict[str, list[Trajectory]]:
+    """Each estimate's rollouts as q-values wrote them, in order."""
+    out: dict[str, list[Trajectory]] = {}
+    for path in (generated.rollouts0, generated.rollouts1):
+        for record, raw in zip(load_results(path), read_jsonl(path), strict=True):
+            out.setdefault(raw["estimate"], []).append(record.trajectory)
+    return out
+
+
+def test_expanding_an_estimate_lists_its_rollouts_and_opens_them(
+    browser: Any, rollouts_page: str, generated: Generated
+) -> None:
+    rows = {r["id"]: r for r in generated.estimates()}
+    behind = _behind(generated)
+    wait_ready(browser, rollouts_page + "#/values")
+    estimates = css(browser, ".estimate")
+    assert {e.get_attribute("data-id") for e in estimates} == set(rows)
+    for e in estimates:
+        row = rows[e.get_attribute("data-id")]
+        listed = e.find_elements("css selector", ":scope > details .rollout-row")
+        assert len(listed) == row["n"] + row["failed"] == len(behind[row["id"]])
+        failed = e.find_elements("css selector", ":scope > details .rollout-row.failed")
+        assert len(failed) == row["failed"]
+        assert not listed[0].is_displayed()  # folded until the estimate is expanded
+    # expand a Q(s, a) at step 1 and open its second rollout: that trajectory, from that state
+    row = next(r for r in rows.values() if r["step"] == 1 and r["kind"] == "Q" and r["n"] >= 2)
+    target = browser.find_element("css selector", f'.estimate[data-id="{row["id"]}"]')
+    target.find_element("css selector", ":scope > details > summary").click()
+    links = target.find_elements("css selector", ":scope > details .rollout-link")
+    assert [x.text for x in links] == [f"rollout {i}" for i in range(len(links))]
+    assert links[1].is_displayed()
+    open_trajectory(browser, links[1].find_element("xpath", "./ancestor::tr"))
+    traj = behind[row["id"]][1]
+    actions = [x.text for x in css(browser, "#messages .msg-action pre")]
+    assert actions == [a.text for a in traj.actions] and actions[0] == row["action"]
+    assert text(browser, "#traj-estimate") == f"Q(s, {row['action']}) at task {row['task']}, step 1"
+    assert text(browser, "#traj-title").endswith(f"task {row['task']}, rollout 1")
+    assert text(browser, "#app .view > p:first-child a") == "\u2190 value tree"  # not: runs
+    assert f"step 1, after {row['prefix'][0]}" in text(browser, ".facts")
+    # a failed one is marked in the list and opens on its error: every Q(s, dec) crashed
+    wait_ready(browser, rollouts_page + "#/values")
+    dec = next(r for r in rows.values() if r["action"] == "dec")
+    target = browser.find_element("css selector", f'.estimate[data-id="{dec["id"]}"]')
+    target.find_element("css selector", ":scope > details > summary").click()
+    crashed = target.find_elements("css selector", ":scope > details .rollout-row.failed")
+    assert len(crashed) == dec["failed"] == 6
+    assert "failed: EnvError (step)" in crashed[0].text
+    crashed[0].find_element("css selector", ".rollout-link").click()
+    wait_for(browser, "#traj-error")
+    assert "EnvError in phase step" in text(browser, "#traj-error")
+
+
+def test_estimates_name_their_trajectories_file_when_it_is_not_loaded(
+    browser: Any, served: str, generated: Generated
+) -> None:
+    wait_ready(browser, served + "#/values")
+    notes = css(browser, ".estimate .not-loaded")
+    assert len(notes) == len(generated.estimates())
+    assert not css(browser, ".rollout-row")
+    browser.find_element("css selector", "details.rollouts summary").click()
+    assert str(generated.rollouts0) in notes[0].text or str(generated.rollouts1) in notes[0].text
+
+
+def _timed_file(generated: Generated, path: Path) -> tuple[Path, int]:
+    """The generated runs with runner-style timing keys on one trajectory (and a restore)."""
+    records = [json.loads(line) for line in generated.runs.read_text().splitlines()]
+    index = max(
+        (i for i, r in enumerate(records) if r["trajectory"]["error"] is None),
+        key=lambda i: len(records[i]["trajectory"]["transitions"]),
+    )
+    traj = records[index]["trajectory"]
+    traj["info"] = {"started_at": "2026-12-02T06:00:00Z", "wall_sec": 1.5, "node_id": "n1"}
+    traj["initial_state"]["info"] = {"replay_sec": 0.5}
+    for step in traj["transitions"]:
+        step["info"] = {"generate_sec": 0.25, "step_sec": 0.125, "duration_sec": 0.1, "x": 1}
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path, index
+
+
+def test_trajectory_page_shows_recorded_timing(
+    browser: Any, generated: Generated, tmp_path: Path
+) -> None:
+    path, index = _timed_file(generated, tmp_path / "timed.jsonl")
+    document, details = load_files([path])
+    steps = len(details[index]["steps"])
+    assert steps >= 2
+    with serving(document, details) as server:
+        wait_ready(browser, server.url + f"#/t/{index}")
+        per_step = [x.text for x in css(browser, "#messages .step-timing")]
+        assert (
+            per_step == ["generate 0.250 s \u00b7 env step 0.125 s \u00b7 command 0.100 s"] * steps
+        )
+        assert text(browser, "#traj-timing") == " \u00b7 ".join([
+            "started 2026-12-02T06:00:00Z", "wall 1.500 s", "restore (replay) 0.500 s",
+            f"\u03a3 generate {0.25 * steps:.3f} s", f"\u03a3 env step {0.125 * steps:.3f} s",
+            f"\u03a3 command {0.1 * steps:.3f} s",
+        ])  # fmt: skip
+        other = next(i for i, d in enumerate(details) if i != index and d["error"] is None)
+        wait_ready(browser, server.url + f"#/t/{other}")
+        assert text(browser, "#traj-timing") == "not recorded"
+        assert not css(browser, "#messages .step-timing")

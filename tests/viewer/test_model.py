@@ -120,6 +120,10 @@ def _bad_inputs(good_run: Path, good_values: Path, d: Path) -> list[tuple[str, P
     record = json.loads(lines[0])
     record["trajectory"]["stop_reason"] = "exploded"
     bad_field.write_text(lines[0] + json.dumps(record) + "\n")
+    mixed = d / "mixed.jsonl"  # a run's record after a rollout's
+    mixed.write_text(json.dumps({**json.loads(lines[0]), "estimate": "e-0"}) + "\n" + lines[1])
+    bad_id = d / "bad-id.jsonl"
+    bad_id.write_text(json.dumps({**json.loads(lines[0]), "estimate": 7}) + "\n")
     return [
         ("missing", d / "nope.jsonl", "no such file"),
         ("cut line", cut, f"{cut}:2: malformed JSON line"),
@@ -131,6 +135,8 @@ def _bad_inputs(good_run: Path, good_values: Path, d: Path) -> list[tuple[str, P
         ("text", text, "starts with 'h'"),
         ("empty", empty, "the file is empty"),
         ("bad field", bad_field, f"{bad_field}:2: Trajectory.stop_reason: unknown value"),
+        ("mixed rollouts", mixed, f"{mixed}:2.estimate: unexpected value None"),
+        ("estimate id", bad_id, f"{bad_id}:1.estimate: unexpected value 7"),
     ]
 
 
@@ -242,3 +248,65 @@ def test_a_retried_rollout_shows_once_the_last_written(
     key = (retry["key"]["task"], retry["key"]["rollout"])
     (shown,) = [d for d in details if (d["task"], d["rollout"]) == key]
     assert shown["episode_id"] == "the-retry"
+
+
+def test_rollouts_files_open_each_estimate_into_its_trajectories(generated: Generated) -> None:
+    paths = [generated.runs, generated.values0, generated.values1]
+    document, details = load_files([*paths, generated.rollouts0, generated.rollouts1])
+    assert [f["kind"] for f in document["files"]] == ["run", *["values"] * 2, *["rollouts"] * 2]
+    assert [f.get("unmatched") for f in document["files"][3:]] == [0, 0]
+    assert len(document["runs"]) == 20  # rollouts open from the tree, not the run list
+    without, _ = load_files(paths)  # the runs through each state are the same either way
+    assert [n["through"] for n in document["values"]] == [n["through"] for n in without["values"]]
+    written = {r["id"]: r for r in generated.estimates()}
+    shown = [e for n in document["values"] for e in (n["v"], *n["q"]) if e is not None]
+    assert {e["id"] for e in shown} == set(written) and len(shown) == len(written)
+    for e in shown:
+        rollouts = e["rollouts"]
+        assert len(rollouts) == e["n"] + e["failed"]  # failures=exclude
+        assert sum(r["error"] is not None for r in rollouts) == e["failed"]
+        assert [r["return"] for r in rollouts if r["error"] is None] == e["returns"]
+        assert [r["sample"] for r in rollouts] == list(range(len(rollouts)))
+        for r in rollouts:
+            detail = details[r["id"]]
+            assert detail["id"] == r["id"] and detail["estimate"] == e["id"]
+            if e["action"] is not None and r["error"] is None:
+                assert detail["steps"][0]["action"] == e["action"]  # Q(s, a): a taken first
+    dec = [e for e in shown if e["action"] == "dec"]
+    assert dec and all(r["error"]["type"] == "EnvError" for e in dec for r in e["rollouts"])
+    # a rollout from step 1 starts there: its steps are numbered from 1, after its prefix
+    nested = next(e for e in shown if e["rollouts"] and details[e["rollouts"][0]["id"]]["prefix"])
+    first = details[nested["rollouts"][0]["id"]]
+    assert first["start_step"] == 1 and first["steps"][0]["step"] == 1
+
+
+def test_estimates_without_ids_or_rollouts_still_load(generated: Generated, tmp_path: Path) -> None:
+    old = tmp_path / "old.json"  # as q-values wrote before --trajectories
+    rows = json.loads(generated.values0.read_text())
+    old.write_text(json.dumps([{k: v for k, v in r.items() if k not in ("id", "trajectories")}
+                               for r in rows]))  # fmt: skip
+    document, _ = load_files([generated.runs, old, generated.rollouts0])
+    estimates = [e for n in document["values"] for e in (n["v"], *n["q"]) if e is not None]
+    assert len(estimates) == len(rows) and all(e["rollouts"] is None for e in estimates)
+    records = len(load_results(generated.rollouts0))
+    assert document["files"][2]["unmatched"] == records > 0  # none of them has its estimate
+    document, _ = load_files([generated.values0])  # ids, but the rollouts file not given
+    named = [e for n in document["values"] for e in (n["v"], *n["q"]) if e is not None]
+    assert all(e["rollouts"] is None and e["trajectories"] == str(generated.rollouts0)
+               for e in named)  # fmt: skip
+
+
+@pytest.mark.docker
+def test_a_docker_run_shows_each_commands_duration(docker_ready: None, tmp_path: Path) -> None:
+    """Harbor steps record ``duration_sec`` in the step's info: the page shows it per step."""
+    out = tmp_path / "h.jsonl"
+    tasks = Path(__file__).resolve().parents[2] / "examples" / "tasks"
+    assert main(["run", str(tasks), "-t", "csv-totals", "-n", "1", "-o", str(out), "-q"]) == 0
+    (traj,) = [r.trajectory for r in load_results(out)]
+    assert traj.error is None and len(traj) >= 2
+    _, (detail,) = load_files([out])
+    for step, transition in zip(detail["steps"], traj.transitions, strict=True):
+        if "duration_sec" in transition.info:  # a command ran (the submit step runs none)
+            assert step["timing"] == {"duration_sec": transition.info["duration_sec"]}
+            assert 0 < step["timing"]["duration_sec"] < 60
+    assert sum("duration_sec" in s["timing"] for s in detail["steps"]) == len(traj) - 1

@@ -54,6 +54,7 @@
   const short = (task) => (typeof task === "string" ? task.split("/").pop() : String(task));
 
   let doc = null;
+  const estimatesById = new Map();
   const app = document.getElementById("app");
   const state = { task: "", success: "all", error: "all", page: 0, taskPage: 0 };
 
@@ -214,7 +215,7 @@
     const facts = [
       ["file", doc.files[t.file].path],
       ["task", String(t.task)],
-      ["rollout", t.rollout],
+      ["rollout", t.estimate ? `${t.sample} behind its estimate (record ${t.rollout} of the file)` : t.rollout],
       ["episode", t.episode_id],
       ["steps", t.steps.length],
       ["return", fmt(t.return, 3)],
@@ -222,8 +223,11 @@
       ["stop reason", t.stop],
       ["completion tokens", tokens],
       ["prompt tokens (last turn)", last ? last.completion.prompt_tokens : "-"],
-      ["timing", timingText(t.info)],
+      ["timing", h("span", { id: "traj-timing" }, trajectoryTiming(t))],
     ];
+    const of = t.estimate ? estimatesById.get(t.estimate) : null;
+    if (t.estimate) facts.splice(4, 0, ["rollout of", h("a", { id: "traj-estimate", href: "#/values" }, of ? of.label : `estimate ${t.estimate} (not loaded)`)]);
+    if (t.start_step > 0) facts.splice(4, 0, ["started at", `step ${t.start_step}, after ${t.prefix.join(" \u2192 ")}`]);
     const messages = [];
     if (t.system_prompt) messages.push(message("system", "msg-system", t.system_prompt));
     messages.push(message("observation", "msg-observation", t.initial));
@@ -236,6 +240,7 @@
           s.action + (s.tool_calls && s.tool_calls.length ? "\n" + JSON.stringify(s.tool_calls, null, 1) : ""),
           h("span", { class: "reward" + (s.reward > 0 ? " ok" : "") }, `reward ${fmt(s.reward, 2)}`),
           c ? h("span", { class: "meta" }, `${c.tokens} tokens \u00b7 prompt ${c.prompt_tokens} \u00b7 ${c.finish_reason || "-"}`) : null,
+          Object.keys(s.timing).length ? h("span", { class: "meta step-timing" }, timingParts(s.timing).join(" \u00b7 ")) : null,
           s.terminated ? h("span", { class: "meta" }, "terminated") : null,
           s.truncated ? h("span", { class: "meta" }, "truncated") : null
         )
@@ -243,8 +248,8 @@
       messages.push(message(`observation ${s.step + 1}`, "msg-observation", s.observation));
     }
     show(
-      h("p", {}, h("a", { href: "#/runs" }, "\u2190 runs")),
-      h("h2", { id: "traj-title", "data-id": t.id, class: t.error ? "bad" : "" }, `Trajectory ${t.id}: task ${short(t.task)}, rollout ${t.rollout}`, t.error ? " (failed)" : ""),
+      h("p", {}, t.estimate ? h("a", { href: "#/values" }, "\u2190 value tree") : h("a", { href: "#/runs" }, "\u2190 runs")),
+      h("h2", { id: "traj-title", "data-id": t.id, class: t.error ? "bad" : "" }, `Trajectory ${t.id}: task ${short(t.task)}, rollout ${t.estimate ? t.sample : t.rollout}`, t.error ? " (failed)" : ""),
       h("dl", { class: "facts" }, facts.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])),
       t.error
         ? h(
@@ -262,9 +267,17 @@
     );
   }
 
-  function timingText(info) {
-    const keys = Object.keys(info || {}).filter((k) => /time|elapsed|duration|_s$/.test(k));
-    return keys.length ? keys.map((k) => `${k}: ${JSON.stringify(info[k])}`).join(", ") : "not recorded";
+  // seconds are *_sec (runner: generate_sec/step_sec per step, wall_sec; env: duration_sec)
+  const TIME_LABELS = { started_at: "started", wall_sec: "wall", generate_sec: "generate", step_sec: "env step", duration_sec: "command", replay_sec: "restore (replay)" };
+  const timeLabel = (k) => TIME_LABELS[k] || k.replace(/_sec$/, "");
+  function timingParts(timing) {
+    return Object.entries(timing).map(([k, v]) => `${timeLabel(k)} ${k.endsWith("_sec") ? fmt(v) + " s" : v}`);
+  }
+  function trajectoryTiming(t) {
+    const sums = {};
+    for (const s of t.steps) for (const [k, v] of Object.entries(s.timing)) sums[k] = (sums[k] || 0) + (v || 0);
+    const parts = [...timingParts(t.timing), ...timingParts(sums).map((x) => "\u03a3 " + x)];
+    return parts.length ? parts.join(" \u00b7 ") : "not recorded";
   }
 
   function tokenView(tok) {
@@ -318,7 +331,7 @@
     const chips = e.returns.map((x) => h("span", { class: "ret", style: `--v:${(x - lo) / (hi - lo)}` }, fmt(x, 2)));
     return h(
       "div",
-      { class: "estimate " + cls + (e.failed ? " has-failed" : "") + (e.n === 0 ? " no-data" : "") },
+      { class: "estimate " + cls + (e.failed ? " has-failed" : "") + (e.n === 0 ? " no-data" : ""), "data-id": e.id },
       h(
         "div",
         { class: "est-line" },
@@ -332,13 +345,35 @@
       h(
         "details",
         { class: "rollouts" },
-        h("summary", {}, `rollouts: ${e.returns.length} returns` + (e.failed ? `, ${e.failed} failed` : "")),
+        h("summary", {}, `rollouts: ${e.returns.length} returns` + (e.failed ? `, ${e.failed} failed` : "") + (e.rollouts ? ` \u00b7 ${e.rollouts.length} trajectories` : "")),
         h("div", { class: "returns" }, chips, failedChips),
+        rolloutList(e),
         through.length
           ? h("div", { class: "through" }, "in the loaded runs: ", through.map((x) => h("a", { href: "#/t/" + x.id, class: "traj-link" }, `#${x.id}`)))
           : null
       ),
       child
+    );
+  }
+
+  function rolloutList(e) {
+    if (!e.rollouts) {
+      return e.trajectories ? h("p", { class: "muted not-loaded" }, `trajectories in ${e.trajectories} (not loaded: add it to the view command)`) : null;
+    }
+    return h(
+      "table",
+      { class: "rollout-list" },
+      e.rollouts.map((r) =>
+        h(
+          "tr",
+          { class: "rollout-row" + (r.error ? " failed" : ""), "data-id": r.id, onclick: () => (location.hash = "#/t/" + r.id) },
+          h("td", {}, h("a", { class: "rollout-link", href: "#/t/" + r.id }, `rollout ${r.sample}`)),
+          h("td", { class: "num" }, r.error ? "-" : fmt(r.return, 2)),
+          h("td", { class: "num" }, `${r.steps} step${r.steps === 1 ? "" : "s"}`),
+          h("td", {}, r.stop),
+          h("td", { class: "bad" }, r.error ? `failed: ${r.error.type} (${r.error.phase})` : "")
+        )
+      )
     );
   }
 
@@ -411,7 +446,13 @@
     .then((d) => {
       doc = d;
       timings.parse_ms = performance.now() - t0;
-      document.getElementById("files").textContent = d.files.map((f) => `${f.path} (${f.records} ${f.kind === "run" ? "records" : "estimates"})`).join(" \u00b7 ");
+      for (const n of d.values) {
+        const at = `task ${short(n.task)}, step ${n.step}`;
+        if (n.v && n.v.id) estimatesById.set(n.v.id, { label: `V(s) at ${at}` });
+        for (const q of n.q) if (q.id) estimatesById.set(q.id, { label: `Q(s, ${q.action}) at ${at}` });
+      }
+      const what = { run: "records", values: "estimates", rollouts: "rollouts" };
+      document.getElementById("files").textContent = d.files.map((f) => `${f.path} (${f.records} ${what[f.kind]}` + (f.unmatched ? `, ${f.unmatched} of no loaded estimate` : "") + ")").join(" \u00b7 ");
       window.addEventListener("hashchange", route);
       route();
       timings.ready_ms = performance.now() - t0;
