@@ -424,10 +424,17 @@ class Container(AsyncResource):
         for session in sessions:
             await session.detach()
         try:
-            if self.engine.closed:  # the client is gone: a plain synchronous call still works
+            if not self.engine.connected:  # no client: a plain synchronous call still works
                 await shielded(self._remove_without_engine(), within=self.remove_timeout)
-            else:
+                return
+            try:
                 await shielded(self.engine.remove_container(self.id), within=self.remove_timeout)
+            except ContainerError as exc:
+                if exc.status is not None:
+                    raise
+                # The client went away mid-call (its owner disconnected it while this
+                # container's work was in flight): the container must still go.
+                await shielded(self._remove_without_engine(), within=self.remove_timeout)
         except TimeoutError as exc:
             raise ContainerError(
                 f"removing container {self.short_id} timed out after {self.remove_timeout}s",

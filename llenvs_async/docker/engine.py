@@ -118,6 +118,11 @@ class DockerEngine:
         return self._closed
 
     @property
+    def connected(self) -> bool:
+        """Whether a client is open now (``disconnect`` drops it until the next ``connect``)."""
+        return self._client is not None and not self._closed
+
+    @property
     def labels(self) -> dict[str, str]:
         """Owner and session labels for a container created now by this process."""
         return owner_labels(self.session_id)

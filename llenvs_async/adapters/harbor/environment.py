@@ -159,6 +159,7 @@ class HarborEnvironment(ShellTaskEnvironment):
         self._step_index = 0
         self._step_results: list[dict[str, Any]] = []
         self._verifier: Container | None = None  # a separate verifier's, while it runs
+        self._verifying = 0  # verifications in flight (closing waits for them to let go)
 
     # -- public helpers -------------------------------------------------------------------
 
@@ -253,6 +254,15 @@ class HarborEnvironment(ShellTaskEnvironment):
         """Run the ``[[verifier.collect]]`` hooks, then the verifier (shared: ``tests/`` uploaded
         to ``/tests`` here; separate: its own container, given the artifacts) and read the
         reward (and a log tail); artifacts are kept when the runtime has an artifacts dir."""
+        self._verifying += 1
+        try:
+            return await self._verify()
+        finally:
+            self._verifying -= 1
+            if self.closed and not self._verifying:  # closed meanwhile: its engine use ends now
+                await self._release_engine()
+
+    async def _verify(self) -> VerifierResult:
         container = self._require_container()
         task = self._require_task()
         cfg = self._verifier_config()
@@ -561,11 +571,16 @@ class HarborEnvironment(ShellTaskEnvironment):
             engine, self._engine = self._engine, None
             if engine is not None and self.runtime.engine is None:
                 await engine.aclose()
-            users = self.runtime.engine_users
-            if users is not None and id(self) in users:
-                users.discard(id(self))
-                if not users and self.runtime.engine is not None:
-                    await self.runtime.engine.disconnect()
+            if not self._verifying:  # else the verification still in flight releases it
+                await self._release_engine()
+
+    async def _release_engine(self) -> None:
+        """Stop using the adapter's engine; the last environment to stop disconnects it."""
+        users = self.runtime.engine_users
+        if users is not None and id(self) in users:
+            users.discard(id(self))
+            if not users and self.runtime.engine is not None:
+                await self.runtime.engine.disconnect()
 
     # -- internals --------------------------------------------------------------------------
 
