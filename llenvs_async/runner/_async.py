@@ -147,6 +147,13 @@ async def run_async(
     run.on_change = wake.set
     try:
         while not source.done or drivers or run.preparing:
+            while ended:  # emitted before their slots are refilled
+                task = ended.popleft()
+                rollout = drivers.pop(task)
+                run.active.remove(rollout)
+                task.result()  # a programming error propagates
+                emitted += 1
+                yield emit(rollout, cfg)
             run.spawn()
             run.harvest()
             ready, run.new = run.new, []
@@ -160,13 +167,6 @@ async def run_async(
                 drivers[task] = rollout
                 run.active.append(rollout)
                 task.add_done_callback(on_end)
-            while ended:
-                task = ended.popleft()
-                rollout = drivers.pop(task)
-                run.active.remove(rollout)
-                task.result()  # a programming error propagates
-                emitted += 1
-                yield emit(rollout, cfg)
             if source.done and not drivers and not run.preparing:
                 break
             if not ended and not run.new and not _prepared(run):
