@@ -11,6 +11,7 @@ ready together into one call.
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
 import time
 from collections.abc import Sequence
@@ -30,8 +31,11 @@ from llenvs_async import (
 )
 from llenvs_async._loop import run as run_on_loop
 from llenvs_async.env import BaseEnvironment, new_episode_id
+from llenvs_async.envs import CounterEnv
 
 from ._common import Result, Target, bench_main, make_result, table
+from ._workload import LatencyBackend
+from .baselines import floor_lockstep
 
 __all__ = ["EngineLikeBackend", "TailEnv", "main", "run", "step_latencies"]
 
@@ -45,6 +49,9 @@ FULL: dict[str, Any] = {
     "generate_base_s": 0.004,
     "generate_per_request_s": 0.0002,
     "repeats": 2,
+    "cost_sizes": [256, 1024],
+    "cost_steps": 4,
+    "cost_repeats": 5,
 }
 QUICK: dict[str, Any] = {
     **FULL,
@@ -54,6 +61,8 @@ QUICK: dict[str, Any] = {
     "fast_s": 0.001,
     "slow_s": [0.01, 0.05],
     "repeats": 1,
+    "cost_sizes": [8],
+    "cost_repeats": 1,
 }
 SCHEDULES = ("async", "refill", "chunks")
 
@@ -139,6 +148,47 @@ async def _one(schedule: str, latencies: list[list[float]], p: dict[str, Any]) -
     }
 
 
+async def _cpu_ours(schedule: str, size: int, steps: int) -> float:
+    """CPU seconds of one zero-latency batch through the runner's multi-instance path."""
+
+    async def factory() -> CounterEnv:
+        return CounterEnv()
+
+    runner = TrajectoryRunner(CounterEnv(), LatencyBackend(0.0), env_factory=factory)
+    started = time.process_time()
+    trajs = await runner.run_batch([steps - 1] * size, schedule=schedule)  # type: ignore[arg-type]
+    cpu = time.process_time() - started
+    assert all(t.success and len(t) == steps for t in trajs)
+    return cpu
+
+
+async def _cpu_floor(size: int, steps: int) -> float:
+    """The same batch through a bare asyncio.gather lockstep loop (benchmarks.baselines)."""
+    envs = [CounterEnv() for _ in range(size)]
+    started = time.process_time()
+    finals = await floor_lockstep(envs, LatencyBackend(0.0), steps - 1)
+    cpu = time.process_time() - started
+    assert all(s.terminated and s.step == steps for s in finals)
+    return cpu
+
+
+def step_cost(p: dict[str, Any]) -> dict[int, dict[str, float]]:
+    """Microseconds of CPU per rollout-step (min over repeats), per size and side. CPU
+    time, not wall: on a shared machine other processes' load barely moves it."""
+    out: dict[int, dict[str, float]] = {}
+    steps = p["cost_steps"]
+    for size in p["cost_sizes"]:
+        runs: dict[str, list[float]] = {"floor": [], "refill": [], "async": []}
+        run_on_loop(_cpu_ours("async", size, steps))  # warm-up
+        for _ in range(p["cost_repeats"]):
+            for side in runs:  # interleaved
+                gc.collect()
+                coro = _cpu_floor(size, steps) if side == "floor" else _cpu_ours(side, size, steps)
+                runs[side].append(run_on_loop(coro))
+        out[size] = {side: 1e6 * min(v) / (size * steps) for side, v in runs.items()}
+    return out
+
+
 def run(quick: bool = False) -> Result:
     p = QUICK if quick else FULL
     latencies = step_latencies(p)
@@ -164,6 +214,19 @@ def run(quick: bool = False) -> Result:
         for s in SCHEDULES
     ]
     slowest_sum = sum(max(steps) for steps in latencies)
+    cost = step_cost(p)
+    cost_targets = [
+        Target(
+            f"CPU per rollout-step above the floor, {side}, B={size}",
+            us[side] - us["floor"],
+            15.0,
+            "<=",
+            "us",
+            "min over repeats, same run",
+        )
+        for size, us in cost.items()
+        for side in ("refill", "async")
+    ]
     return make_result(
         "schedule",
         params=p,
@@ -185,6 +248,7 @@ def run(quick: bool = False) -> Result:
                 "",
                 "episodes begun and not ended, counted by the env",
             ),
+            *cost_targets,
         ],
         tables=[
             table(
@@ -193,7 +257,23 @@ def run(quick: bool = False) -> Result:
                 f"{p['slow_s'][0] * 1e3:.0f}-{p['slow_s'][1] * 1e3:.0f} ms",
                 ["schedule", "wall s", "generate calls", "mean batch per call", "peak live"],
                 rows,
-            )
+            ),
+            table(
+                f"Framework cost: CPU us per rollout-step, zero latency, {p['cost_steps']} steps "
+                "per rollout, multi-instance path (one CounterEnv per rollout)",
+                ["B", "asyncio floor", "refill", "async", "refill - floor", "async - floor"],
+                [
+                    [
+                        b,
+                        us["floor"],
+                        us["refill"],
+                        us["async"],
+                        us["refill"] - us["floor"],
+                        us["async"] - us["floor"],
+                    ]
+                    for b, us in cost.items()
+                ],
+            ),
         ],
         notes=[
             f"Engine model: calls served one at a time, each {p['generate_base_s'] * 1e3:g} ms "
@@ -201,7 +281,7 @@ def run(quick: bool = False) -> Result:
             f"Sum over rollouts of their slowest step: {slowest_sum:.1f} s (a lockstep round "
             "lasts as long as its slowest member's step).",
         ],
-        data={"samples": samples},
+        data={"samples": samples, "step_cost_us": {str(b): us for b, us in cost.items()}},
     )
 
 

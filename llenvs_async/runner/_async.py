@@ -150,7 +150,7 @@ async def run_async(
             while ended:  # emitted before their slots are refilled
                 task = ended.popleft()
                 rollout = drivers.pop(task)
-                run.active.remove(rollout)
+                run.driving -= 1
                 task.result()  # a programming error propagates
                 emitted += 1
                 yield emit(rollout, cfg)
@@ -165,12 +165,15 @@ async def run_async(
                 batcher.busy += 1
                 task = loop.create_task(_drive(rollout, cfg, batcher, run.closer))
                 drivers[task] = rollout
-                run.active.append(rollout)
+                run.driving += 1
                 task.add_done_callback(on_end)
             if source.done and not drivers and not run.preparing:
                 break
             if not ended and not run.new and not _prepared(run):
                 wake.clear()
+                if run.shared is None and (source.done or source.static):
+                    await wake.wait()  # the common case: no helper tasks per wake-up
+                    continue
                 waits: list[Coroutine[Any, Any, Any]] = [wake.wait()]
                 if run.shared is not None:
                     waits.append(run.shared.freed_since(run.shared.freed))

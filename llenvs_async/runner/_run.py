@@ -35,6 +35,7 @@ class Run:
         self.started: list[Rollout] = []
         self.active: list[Rollout] = []
         self.new: list[Rollout] = []  # prepared: they join the next round
+        self.driving = 0  # the async schedule's running rollouts (not kept in ``active``)
         self.preparing: dict[asyncio.Task[None], Rollout] = {}
         self.closer = Closer(cfg, on_freed=self.freed)
         self.on_change: Callable[[], None] | None = None  # a slot freed or an input ready
@@ -43,7 +44,7 @@ class Run:
         """Rollouts holding (or about to hold) an instance, closing ones included."""
         busy = sum(1 for r in self.active if not r.finished)
         busy += sum(1 for r in self.new if not r.finished)
-        return busy + len(self.preparing) + self.closer.closing
+        return busy + self.driving + len(self.preparing) + self.closer.closing
 
     def freed(self) -> None:
         self.report()
