@@ -42,6 +42,7 @@ class Batcher:
         self._waiting: list[tuple[Rollout, asyncio.Future[None]]] = []
         self._timer: asyncio.TimerHandle | None = None
         self.calls: set[asyncio.Task[None]] = set()
+        self.stopped = False
 
     async def generate(self, rollout: Rollout) -> None:
         """Give ``rollout`` its next action (or record why it has none)."""
@@ -71,7 +72,7 @@ class Batcher:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if not self._waiting:
+        if not self._waiting or self.stopped:
             return
         batch, self._waiting = self._waiting, []
         task = asyncio.get_running_loop().create_task(self._call(batch))
@@ -97,13 +98,14 @@ class Batcher:
             if not future.done():
                 future.set_result(None)
 
-    async def stop(self) -> None:
+    def stop(self) -> set[asyncio.Task[None]]:
+        """Cancel the calls in flight (returned, to be awaited); nothing is sent after this."""
+        self.stopped = True
         if self._timer is not None:
             self._timer.cancel()
         for task in self.calls:
             task.cancel()
-        if self.calls:
-            await asyncio.wait(set(self.calls))
+        return set(self.calls)
 
 
 async def _drive(rollout: Rollout, cfg: RunConfig, batcher: Batcher, closer: Closer) -> None:
@@ -200,12 +202,12 @@ async def _stop(
 ) -> None:
     """Cancel every driver and generate call still running (bounded, shielded)."""
     running = [task for task in drivers if not task.done()]
+    calls = batcher.stop()  # first: a driver that ends now sends nothing
     for task in running:
         task.cancel()
     try:
-        await shielded(batcher.stop(), within=cfg.close_timeout)
-        if running:
-            await shielded(asyncio.wait(running), within=2 * cfg.close_timeout)
+        if calls or running:
+            await shielded(asyncio.wait({*calls, *running}), within=2 * cfg.close_timeout)
     except TimeoutError:
         still = sum(1 for t in running if not t.done())
         _log.warning("%d rollout(s) still running at teardown", still)
