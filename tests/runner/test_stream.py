@@ -78,8 +78,11 @@ async def test_groups_come_whole_and_in_input_order_within_the_group(
     assert runner.stats.peak_live_instances <= 4 and tracker.live == 0
 
 
+@pytest.mark.parametrize("schedule", ["refill", "async"])
 @pytest.mark.parametrize("trainer", ["slower", "faster"])
-async def test_the_staleness_bound_holds(trainer: str, counter_factory, tracker) -> None:  # type: ignore[no-untyped-def]
+async def test_the_staleness_bound_holds(
+    trainer: str, schedule: str, counter_factory, tracker
+) -> None:  # type: ignore[no-untyped-def]
     """Versions bumped by the trainer after every group; long-tailed rollouts (targets
     0..9) finish out of order. No yielded group is more than 1 version stale."""
     backend = VersionedBackend(counter_policy, delay=0.0 if trainer == "slower" else 0.002)
@@ -88,7 +91,11 @@ async def test_the_staleness_bound_holds(trainer: str, counter_factory, tracker)
     )
     targets = [9, 0, 4, 1, 7, 2, 0, 5]
     async with runner.stream(
-        _endless(targets), group_size=2, batch_size=8, max_staleness=1
+        _endless(targets),
+        group_size=2,
+        batch_size=8,
+        max_staleness=1,
+        schedule=schedule,  # type: ignore[arg-type]
     ) as stream:
         step = 0
         async for group in stream:
