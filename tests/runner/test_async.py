@@ -248,6 +248,8 @@ async def test_a_shared_instance_limit_holds_across_concurrent_async_runs(tracke
     results = await asyncio.gather(*runs)
     assert all(t.success for trajs in results for t in trajs)
     assert tracker.peak_live == 3 and tracker.live == 0
+    assert runner.instance_slots is not None and runner.instance_slots.peak == 3
+    assert runner.instance_slots.free() == 3
 
 
 async def test_a_programming_error_propagates_and_closes_everything(tracker) -> None:  # type: ignore[no-untyped-def]
