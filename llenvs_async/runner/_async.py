@@ -1,12 +1,13 @@
 """The async schedule: no round barrier. Each rollout generates as soon as its last step
 returned; requests that become ready close together share one ``generate`` call.
 
-Every rollout runs in its own task (a driver) for its whole life: generate, step, repeat.
-The ``Batcher`` holds a ready request for at most ``coalesce_window`` seconds so that
-others becoming ready meanwhile join its call, and flushes at once when no rollout is
-stepping (nobody else could join). Slots, preparation, refill and background teardown
-are the lockstep scheduler's (``Run``); generate and step are its functions too, so every
-failure is recorded the same way.
+Every rollout runs in one task (a driver) for its whole life: prepare (instance, restore),
+then generate, step, repeat. The ``Batcher`` holds a ready request for at most
+``coalesce_window`` seconds so that others becoming ready meanwhile join its call, and
+flushes at once when no rollout is busy (preparing or stepping: nobody else could join).
+Slots, refill, preparation and background teardown are the lockstep scheduler's (``Run``,
+``prepare_one``, ``Closer``); generate and step are its functions too, so caps and failure
+recording are the same.
 """
 
 from __future__ import annotations
