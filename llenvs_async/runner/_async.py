@@ -13,7 +13,7 @@ recording are the same.
 from __future__ import annotations
 
 import asyncio
-import logging
+import copy
 from collections import deque
 from collections.abc import AsyncGenerator, Coroutine
 from typing import Any
@@ -21,7 +21,7 @@ from typing import Any
 from .._shield import shielded
 from ..types import Trajectory
 from ._config import RunConfig
-from ._instances import Closer, prepare_one
+from ._instances import prepare_one
 from ._lockstep import generate_actions, step_rollout
 from ._rollout import Rollout
 from ._run import Run, emit, first_of
@@ -29,8 +29,6 @@ from ._slots import Slots
 from ._source import InputSource
 
 __all__ = ["Batcher", "run_async"]
-
-_log = logging.getLogger("llenvs_async.runner")
 
 
 class Batcher:
@@ -85,12 +83,12 @@ class Batcher:
             await generate_actions([rollout for rollout, _ in batch], self.cfg)
         except BaseException as exc:  # a programming error or a cancellation: to the drivers
             self.busy += len(batch)
-            for _, future in batch:
+            for i, (_, future) in enumerate(batch):
                 if not future.done():
                     if isinstance(exc, asyncio.CancelledError):
                         future.cancel()
-                    else:
-                        future.set_exception(exc)
+                    else:  # one object raised in several tasks would chain into itself
+                        future.set_exception(exc if i == 0 else _copy(exc))
             return
         # Counted busy before any of them resumes: the first to ask again must wait for
         # its batch-mates, not flush alone.
@@ -114,7 +112,10 @@ async def _drive(rollout: Rollout, cfg: RunConfig, batcher: Batcher, run: Run) -
     Counted busy from its creation: a rollout still being prepared may ask soon."""
     tokens, closer = cfg.tokens, run.closer
     try:
-        await prepare_one(rollout, cfg, closer)  # a failure is recorded (and closed) there
+        # A failure is recorded (and closed) there; a teardown mid-creation ends it.
+        await prepare_one(rollout, cfg, closer, own_task=True)
+        if closer.shut:
+            return
         if tokens is not None and not rollout.finished:
             await tokens.start([rollout], cfg.system_prompt)
         while not rollout.finished:
@@ -182,30 +183,29 @@ async def run_async(
     finally:
         cfg.stats.active_rollouts -= len(run.started) - emitted
         try:
-            await _stop(drivers, batcher, run.closer, cfg)
+            await _stop(drivers, batcher, run)
         finally:
             await run.closer.drain(run.started)
             if shared is not None:
                 shared.release(id(run))
 
 
-async def _stop(
-    drivers: dict[asyncio.Task[None], Rollout], batcher: Batcher, closer: Closer, cfg: RunConfig
-) -> None:
-    """Cancel every driver and generate call still running (bounded, shielded). A driver
-    inside the factory gets ``close_timeout`` of grace (``prepare_one``); an instance
-    made after this is closed at once (the closer is shut)."""
-    closer.shut = True
-    running = [task for task in drivers if not task.done()]
+async def _stop(drivers: dict[asyncio.Task[None], Rollout], batcher: Batcher, run: Run) -> None:
+    """Cancel every generate call and driver still running (bounded, shielded; a driver
+    inside its factory call gets ``close_timeout`` to finish it: ``Run.stop``)."""
     calls = batcher.stop()  # first: a driver that ends now sends nothing
-    for task in running:
-        task.cancel()
     try:
-        if calls or running:
-            await shielded(asyncio.wait({*calls, *running}), within=2 * cfg.close_timeout)
-    except TimeoutError:
-        still = sum(1 for t in running if not t.done())
-        _log.warning("%d rollout(s) still running at teardown", still)
-    for task in drivers:
-        if task.done() and not task.cancelled():
-            task.exception()  # retrieved: the run is ending for another reason
+        await run.stop(drivers, "rollout")
+    finally:
+        if calls:
+            await shielded(asyncio.wait(calls), within=run.cfg.close_timeout)
+
+
+def _copy(exc: BaseException) -> BaseException:
+    """A fresh instance of ``exc`` (same type and arguments), else ``exc`` itself."""
+    try:
+        twin = copy.copy(exc)
+    except Exception:
+        return exc
+    twin.__traceback__ = None
+    return twin

@@ -84,7 +84,7 @@ class Run:
         """Start preparing as many pending inputs as there are free slots (background)."""
         loop = asyncio.get_running_loop()
         for rollout in self.fill():
-            task = loop.create_task(prepare_one(rollout, self.cfg, self.closer))
+            task = loop.create_task(prepare_one(rollout, self.cfg, self.closer, own_task=True))
             self.preparing[task] = rollout
         self.report()
 
@@ -109,24 +109,37 @@ class Run:
         return waits
 
     async def stop_preparing(self) -> None:
-        """Cancel preparations still running. A factory call gets ``close_timeout`` of
-        grace to finish (its instance is then closed at once: the closer is shut); this
-        waits a little longer than that, and a preparation still running after it is
-        logged, not raised (teardown goes on)."""
+        """Cancel preparations still running (see ``stop``)."""
+        await self.stop(self.preparing, "rollout preparation")
+        self.preparing.clear()
+
+    async def stop(self, tasks: dict[asyncio.Task[None], Rollout], what: str) -> None:
+        """Cancel ``tasks`` (each one rollout's, cancelled by nothing else). One inside its
+        factory call first gets ``close_timeout`` to finish it (its instance is then closed
+        at once: the closer is shut). A task still running after twice that is logged, not
+        raised (teardown goes on)."""
         self.closer.shut = True
-        if not self.preparing:
+        running = {t for t in tasks if not t.done()}
+        if not running:
             return
-        for task in self.preparing:
+        creating = {t for t in running if tasks[t].creating}
+        for task in running - creating:
             task.cancel()
         try:
-            await shielded(asyncio.wait(set(self.preparing)), within=2 * self.cfg.close_timeout)
+            if creating:
+                await shielded(asyncio.wait(creating), within=self.cfg.close_timeout)
         except TimeoutError:
-            still = sum(1 for t in self.preparing if not t.done())
-            _log.warning("%d rollout preparation(s) still running at teardown", still)
-        for task in self.preparing:
+            pass  # cancelled below
+        for task in creating:
+            task.cancel()
+        try:
+            await shielded(asyncio.wait(running), within=self.cfg.close_timeout)
+        except TimeoutError:
+            still = sum(1 for t in running if not t.done())
+            _log.warning("%d %s(s) still running at teardown", still, what)
+        for task in tasks:
             if task.done() and not task.cancelled():
                 task.exception()  # retrieved: the run is ending for another reason
-        self.preparing.clear()
 
 
 async def first_of(
