@@ -36,8 +36,11 @@ async def prepare(rollouts: Sequence[Rollout], cfg: RunConfig, closer: Closer) -
             tg.create_task(prepare_one(rollout, cfg, closer))
 
 
-async def prepare_one(rollout: Rollout, cfg: RunConfig, closer: Closer) -> None:
-    """Instance and start state for one rollout (see ``prepare``)."""
+async def prepare_one(
+    rollout: Rollout, cfg: RunConfig, closer: Closer, *, own_task: bool = False
+) -> None:
+    """Instance and start state for one rollout (see ``prepare``). ``own_task``: this runs
+    in a task only ``Run.stop`` cancels, which lets a factory call finish first."""
     spec = rollout.spec
     phase = "factory"
     if spec.state is not None and spec.state.done:
@@ -46,7 +49,9 @@ async def prepare_one(rollout: Rollout, cfg: RunConfig, closer: Closer) -> None:
         return
     try:
         if cfg.multi_instance:
-            await _create(rollout, cfg, closer)
+            await _create(rollout, cfg, closer, own_task)
+            if closer.shut:  # made while the run tears down: already being closed
+                return
         else:
             rollout.env = cfg.environment
         env = rollout.env
@@ -99,7 +104,7 @@ async def _restore(env: Environment, saved: State, cfg: RunConfig) -> State:
         cfg.stats.restoring -= 1
 
 
-async def _create(rollout: Rollout, cfg: RunConfig, closer: Closer) -> None:
+async def _create(rollout: Rollout, cfg: RunConfig, closer: Closer, own_task: bool) -> None:
     """Call the factory and register its instance for teardown.
 
     The instance is registered by the factory's own task the moment it exists, so a run
@@ -116,7 +121,16 @@ async def _create(rollout: Rollout, cfg: RunConfig, closer: Closer) -> None:
         if closer.shut:  # made after the run began tearing down: nothing else will close it
             closer.close(rollout)
 
-    await shielded(create(), within=None, grace=cfg.close_timeout)
+    if not own_task:
+        await shielded(create(), within=None, grace=cfg.close_timeout)
+        return
+    # In its own task the grace is ``Run.stop``'s (it waits for ``creating`` rollouts
+    # before cancelling them): no second task per instance.
+    rollout.creating = True
+    try:
+        await create()
+    finally:
+        rollout.creating = False
 
 
 class Closer:
@@ -152,8 +166,12 @@ class Closer:
         task.add_done_callback(self._done)
 
     async def _close(self, env: Environment) -> None:
+        # Runs in its own task, which nothing cancels (``drain`` waits, never cancels): no
+        # caller's cancellation reaches it, so the timeout alone makes it shielded and
+        # bounded, at one task per close instead of two (this is on every rollout's path).
         try:
-            await shielded(env.aclose(), within=self._cfg.close_timeout)
+            async with asyncio.timeout(self._cfg.close_timeout):
+                await env.aclose()
         except TimeoutError:
             _log.warning("closing %r timed out after %ss", env, self._cfg.close_timeout)
         except Exception:

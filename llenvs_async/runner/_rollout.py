@@ -142,6 +142,7 @@ class Rollout:
     prompt_ids: tuple[int, ...] | None = None
     forced_ids: tuple[int, ...] | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    creating: bool = False  # inside the factory call (teardown lets it finish first)
 
     @property
     def finished(self) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .._resource import AsyncResource
@@ -13,18 +13,22 @@ from ..backends.base import Backend
 from ..env import EnvFactory, Environment, RestoreFn, replay_restore
 from ..errors import ClosedError
 from ..types import Action, SamplingParams, State, Trajectory
-from ._config import RunConfig, RunnerStats
-from ._lockstep import Schedule, run_rollouts
+from ._async import run_async
+from ._config import COALESCE_WINDOW, RunConfig, RunnerStats
+from ._lockstep import SCHEDULES, Schedule, run_rollouts
 from ._rollout import PromptBuilder, RolloutInput
 from ._slots import Slots
+from ._source import InputSource, SpecSource
+from ._stream import RolloutStream, StreamInput
 from ._tokens import TokenPrompts, check_token_backend
 
 __all__ = ["TrajectoryRunner"]
 
 
 class TrajectoryRunner(AsyncResource):
-    """Runs batches of rollouts in lockstep: one batched ``generate`` per round, then all
-    environment steps concurrently.
+    """Runs batches of rollouts: in lockstep (``schedule="refill"``/``"chunks"``: one
+    batched ``generate`` per round, then all environment steps concurrently) or without a
+    round barrier (``"async"``: coalesced generate calls, see ``runner._async``).
 
     Non-pure environments with an ``env_factory`` get one fresh instance per rollout,
     restored with ``restore_fn`` (default ``replay_restore``); pure environments serve
@@ -61,6 +65,7 @@ class TrajectoryRunner(AsyncResource):
         token_mode: bool = False,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         tools: Sequence[Mapping[str, Any]] = (),
+        coalesce_window: float = COALESCE_WINDOW,
     ) -> None:
         if not hasattr(environment, "step") or not hasattr(environment, "reset"):
             raise TypeError(
@@ -77,6 +82,11 @@ class TrajectoryRunner(AsyncResource):
         _check_positive("close_timeout", close_timeout)
         _check_schedule(schedule)
         _check_positive("instance_limit", instance_limit)
+        if isinstance(coalesce_window, bool) or not isinstance(coalesce_window, int | float):
+            raise TypeError(f"coalesce_window must be a number, got {coalesce_window!r}")
+        if coalesce_window < 0:
+            raise ValueError(f"coalesce_window must be >= 0 seconds, got {coalesce_window!r}")
+        self.coalesce_window = float(coalesce_window)
         self.tools = _check_tools(tools)
         self.tokens: TokenPrompts | None = None
         if token_mode:
@@ -193,6 +203,36 @@ class TrajectoryRunner(AsyncResource):
             async for trajectory in it:
                 yield trajectory
 
+    def stream(
+        self,
+        inputs: Iterable[StreamInput] | AsyncIterable[StreamInput],
+        *,
+        group_size: int,
+        batch_size: int,
+        max_staleness: int | None = None,
+        schedule: Schedule | None = None,
+        max_steps: int | None = None,
+        queue_size: int | None = None,
+    ) -> RolloutStream:
+        """Roll out ``group_size`` episodes per input (a task or a saved ``State``; the
+        inputs may be an endless, async iterator) while the caller trains: ``async with
+        runner.stream(...) as s: async for group in s``. At most ``batch_size`` rollouts
+        live; at most ``queue_size`` groups outstanding (default: two batches' worth);
+        ``max_staleness`` bounds how many policy versions a yielded group's oldest action
+        is behind the backend's ``policy_version`` (see ``runner._stream``).
+        """
+        _check_positive("max_steps", max_steps)
+        return RolloutStream(
+            self,
+            inputs,
+            group_size=group_size,
+            batch_size=batch_size,
+            max_staleness=max_staleness,
+            schedule=None if schedule is None else _check_schedule(schedule),
+            max_steps=max_steps,
+            queue_size=queue_size,
+        )
+
     async def _collect(
         self,
         specs: list[RolloutInput],
@@ -223,6 +263,20 @@ class TrajectoryRunner(AsyncResource):
         max_steps: int | None,
         schedule: Schedule | None,
     ) -> AsyncGenerator[Trajectory, None]:
+        _check_positive("batch_size", batch_size)
+        rollouts = self._run(SpecSource(specs), batch_size or len(specs), max_steps, schedule)
+        async with contextlib.aclosing(rollouts) as it:
+            async for trajectory in it:
+                yield trajectory
+
+    async def _run(
+        self,
+        source: InputSource,
+        batch_size: int,
+        max_steps: int | None,
+        schedule: Schedule | None,
+    ) -> AsyncGenerator[Trajectory, None]:
+        """Every input of ``source``, at most ``batch_size`` live, as they finish."""
         if self._closed:
             raise ClosedError("TrajectoryRunner")
         _check_positive("batch_size", batch_size)
@@ -231,14 +285,13 @@ class TrajectoryRunner(AsyncResource):
         cfg = self._config(max_steps)
         if not self.environment.pure_step and self.env_factory is None:
             # One shared stateful instance: one rollout at a time, one run at a time.
-            async with self._shared_env_lock:
-                for spec in specs:
-                    async with contextlib.aclosing(run_rollouts([spec], cfg, 1, schedule)) as one:
-                        async for trajectory in one:
-                            yield trajectory
+            one = _scheduler(source, cfg, 1, schedule, None)
+            async with self._shared_env_lock, contextlib.aclosing(one) as it:
+                async for trajectory in it:
+                    yield trajectory
             return
         shared = self.instance_slots if cfg.multi_instance else None
-        rollouts = run_rollouts(specs, cfg, batch_size or len(specs), schedule, shared)
+        rollouts = _scheduler(source, cfg, batch_size, schedule, shared)
         async with contextlib.aclosing(rollouts) as it:
             async for trajectory in it:
                 yield trajectory
@@ -259,7 +312,16 @@ class TrajectoryRunner(AsyncResource):
             stats=self.stats,
             tokens=self.tokens,
             tools=self.tools,
+            coalesce_window=self.coalesce_window,
         )
+
+
+def _scheduler(
+    source: InputSource, cfg: RunConfig, limit: int, schedule: Schedule, shared: Slots | None
+) -> AsyncGenerator[Trajectory, None]:
+    if schedule == "async":
+        return run_async(source, cfg, limit, shared)
+    return run_rollouts(source, cfg, limit, schedule, shared)
 
 
 def _attach_finished(exc: BaseException, done: list[Trajectory], total: int) -> None:
@@ -289,8 +351,8 @@ def _check_tools(tools: Sequence[Mapping[str, Any]]) -> tuple[Mapping[str, Any],
 
 
 def _check_schedule(schedule: Any) -> Schedule:
-    if schedule not in ("refill", "chunks"):
-        raise ValueError(f"schedule must be 'refill' or 'chunks', got {schedule!r}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be 'refill', 'chunks' or 'async', got {schedule!r}")
     return schedule  # type: ignore[no-any-return]
 
 
