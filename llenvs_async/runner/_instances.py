@@ -10,6 +10,7 @@ from .._shield import shielded
 from ..env import Environment
 from ..errors import EnvError, RestoreError
 from ..types import State
+from . import _timing
 from ._config import RunConfig
 from ._rollout import Rollout, is_programming_error, with_saved_history
 
@@ -43,6 +44,7 @@ async def prepare_one(
     in a task only ``Run.stop`` cancels, which lets a factory call finish first."""
     spec = rollout.spec
     phase = "factory"
+    rollout.begin()
     if spec.state is not None and spec.state.done:
         # Nothing to step: no instance (no container) is needed.
         rollout.start(spec.state, cfg.system_prompt, cfg.max_steps, None)
@@ -59,12 +61,16 @@ async def prepare_one(
         rollout.note_env(env)
         if spec.state is None:
             phase = "reset"
+            began = _timing.clock()
             state = await env.reset(spec.task, seed=spec.seed)
+            rollout.info["restore_sec"] = _timing.seconds(_timing.clock() - began)
         elif env.pure_step:
             state = spec.state
         else:
             phase = "restore"
+            began = _timing.clock()
             state = with_saved_history(await _restore(env, spec.state, cfg), spec.state)
+            rollout.info["restore_sec"] = _timing.seconds(_timing.clock() - began)
     except asyncio.CancelledError as exc:
         task = asyncio.current_task()
         if task is None or task.cancelling():

@@ -8,6 +8,7 @@ from typing import Literal
 
 from ..errors import BackendError, ContextLengthError, EnvError, StepTimeoutError
 from ..types import Action, GenerationError, Trajectory, Transition
+from . import _timing
 from ._config import RunConfig
 from ._instances import Closer, prepare
 from ._rollout import Rollout, is_programming_error
@@ -155,6 +156,7 @@ async def generate_actions(rollouts: Sequence[Rollout], cfg: RunConfig) -> None:
         for rollout in rollouts:
             rollout.fail(exc, "generate")
         return
+    done = _timing.clock()
     for rollout, request, completion in zip(rollouts, requests, completions, strict=True):
         if isinstance(completion, GenerationError):
             if isinstance(completion.error, ContextLengthError):
@@ -169,6 +171,7 @@ async def generate_actions(rollouts: Sequence[Rollout], cfg: RunConfig) -> None:
             text=completion.text, tool_calls=completion.tool_calls, completion=completion
         )
         rollout.pending_completion = completion
+        rollout.generate_sec = done - rollout.asked  # from ready to ask: batching waits too
 
 
 async def step_rollout(rollout: Rollout, cfg: RunConfig, closer: Closer) -> None:
@@ -179,6 +182,8 @@ async def step_rollout(rollout: Rollout, cfg: RunConfig, closer: Closer) -> None
         None,
         None,
     )
+    generate_sec, rollout.generate_sec = rollout.generate_sec, None
+    began = _timing.clock()
     try:
         if cfg.step_timeout is None:
             result = await env.step(state, action)
@@ -205,6 +210,7 @@ async def step_rollout(rollout: Rollout, cfg: RunConfig, closer: Closer) -> None
             raise
         rollout.fail(exc, "step")
     else:
+        rollout.asked = _timing.clock()  # ready to ask for the next action
         rollout.record(
             Transition(
                 state=state,
@@ -212,7 +218,7 @@ async def step_rollout(rollout: Rollout, cfg: RunConfig, closer: Closer) -> None
                 next_state=result.next_state,
                 reward=result.reward,
                 completion=completion,
-                info=result.info,
+                info=_timing.step_info(result.info, generate_sec, rollout.asked - began),
             ),
             ended=result.terminated,
             cut=result.truncated,

@@ -21,6 +21,7 @@ from ..types import (
     Trajectory,
     Transition,
 )
+from . import _timing
 
 __all__ = [
     "PromptBuilder",
@@ -143,6 +144,11 @@ class Rollout:
     forced_ids: tuple[int, ...] | None = None
     info: dict[str, Any] = field(default_factory=dict)
     creating: bool = False  # inside the factory call (teardown lets it finish first)
+    # Timing (monotonic ``_timing.clock()``): when preparation began, when the rollout last became
+    # ready to ask for an action, and how long the pending action took to generate.
+    began: float | None = None
+    asked: float = 0.0
+    generate_sec: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -154,6 +160,11 @@ class Rollout:
         if node is not None:
             self.info["node_id"] = node
 
+    def begin(self) -> None:
+        """Preparation starts: the rollout's clock (``started_at``, ``wall_sec``) starts."""
+        self.began = _timing.clock()
+        self.info["started_at"] = _timing.utc_now()
+
     def start(
         self,
         state: State,
@@ -163,6 +174,7 @@ class Rollout:
     ) -> None:
         self.initial_state = self.state = state
         self.pending_action = self.spec.forced_action
+        self.asked = _timing.clock()
         self.steps_left = steps_left
         if system_prompt:
             self.messages.append(ChatMessage(role="system", content=system_prompt))
@@ -237,6 +249,8 @@ class Rollout:
             initial = self.spec.state or State(
                 observation=Observation(text=""), task=self.spec.task, seed=self.spec.seed
             )
+        if self.began is not None:
+            self.info["wall_sec"] = _timing.seconds(_timing.clock() - self.began)
         return Trajectory(
             episode_id=self.episode_id,
             initial_state=initial,

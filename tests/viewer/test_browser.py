@@ -338,6 +338,10 @@ def _timed_file(generated: Generated, path: Path) -> tuple[Path, int]:
         (i for i, r in enumerate(records) if r["trajectory"]["error"] is None),
         key=lambda i: len(records[i]["trajectory"]["transitions"]),
     )
+    for record in records:  # the runner's own timing off: only the hand-made one is shown
+        record["trajectory"]["info"] = {}
+        for step in record["trajectory"]["transitions"]:
+            step["info"] = {}
     traj = records[index]["trajectory"]
     traj["info"] = {"started_at": "2026-12-02T06:00:00Z", "wall_sec": 1.5, "node_id": "n1"}
     traj["initial_state"]["info"] = {"replay_sec": 0.5}
@@ -369,3 +373,26 @@ def test_trajectory_page_shows_recorded_timing(
         wait_ready(browser, server.url + f"#/t/{other}")
         assert text(browser, "#traj-timing") == "not recorded"
         assert not css(browser, "#messages .step-timing")
+
+
+def test_the_timing_a_real_run_records_is_shown(browser: Any, generated: Generated) -> None:
+    """``run`` output (the runner's own timing keys, through JSONL) on the trajectory page."""
+    records = read_jsonl(generated.runs)
+    index = next(i for i, r in enumerate(records) if len(r["trajectory"]["transitions"]) >= 2)
+    traj = records[index]["trajectory"]
+    info, steps = traj["info"], traj["transitions"]
+    assert {"started_at", "wall_sec", "restore_sec"} <= set(info)
+    assert all({"generate_sec", "step_sec"} <= set(s["info"]) for s in steps)
+    document, details = load_files([generated.runs])
+    with serving(document, details) as server:
+        wait_ready(browser, server.url + f"#/t/{index}")
+        per_step = [x.text for x in css(browser, "#messages .step-timing")]
+        timed = [(s["info"]["generate_sec"], s["info"]["step_sec"]) for s in steps]
+        assert per_step == [f"generate {g:.3f} s \u00b7 env step {e:.3f} s" for g, e in timed]
+        shown = text(browser, "#traj-timing").split(" \u00b7 ")
+        assert shown[:3] == [
+            f"started {info['started_at']}",
+            f"restore {info['restore_sec']:.3f} s",
+            f"wall {info['wall_sec']:.3f} s",
+        ]
+        assert shown[3].startswith("\u03a3 generate ") and shown[4].startswith("\u03a3 env step ")

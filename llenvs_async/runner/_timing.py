@@ -1,0 +1,41 @@
+"""Timing recorded on trajectories: start time, wall, restore, and per-step generate/step.
+
+Durations are ``time.monotonic()`` differences in seconds, rounded to microseconds; the
+start time is ISO-8601 UTC with milliseconds. An environment's own info keys win.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from time import monotonic
+from types import MappingProxyType
+from typing import Any
+
+__all__ = ["clock", "seconds", "step_info", "utc_now"]
+
+clock = monotonic  # looked up at each use (``_timing.clock()``): tests can substitute it
+
+
+def seconds(duration: float) -> float:
+    """``duration`` rounded to microseconds (a non-negative one; 4x cheaper than ``round``)."""
+    return int(duration * 1e6 + 0.5) / 1e6
+
+
+def utc_now() -> str:
+    """Now as ISO-8601 UTC with milliseconds: ``2026-12-02T07:04:52.123Z``."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def step_info(
+    env_info: Mapping[str, Any], generate_sec: float | None, step_sec: float
+) -> Mapping[str, Any]:
+    """A transition's info: ``generate_sec`` (when the action was generated) and
+    ``step_sec``, merged under the environment's info (its keys are kept as they are)."""
+    if generate_sec is None:
+        info = {"step_sec": seconds(step_sec)}
+    else:
+        info = {"generate_sec": seconds(generate_sec), "step_sec": seconds(step_sec)}
+    if env_info:
+        info.update(env_info)
+    return MappingProxyType(info)
