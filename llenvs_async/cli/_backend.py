@@ -7,12 +7,14 @@ import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import cast
 from urllib.parse import urlsplit
 
 from .._shield import shielded
 from ..backends.base import Backend
 from ..backends.scripted import ScriptedBackend
 from ..runner import TrajectoryRunner
+from ..runner._lockstep import Schedule
 from ..types import SamplingParams
 from ._common import CliError
 from ._sources import Source
@@ -93,9 +95,14 @@ def build_backend(options: BackendOptions, source: Source) -> Backend:
 
 @contextlib.asynccontextmanager
 async def open_runner(
-    source: Source, options: BackendOptions, *, snapshot: bool = False
+    source: Source,
+    options: BackendOptions,
+    *,
+    snapshot: bool = False,
+    schedule: str = "refill",
 ) -> AsyncIterator[TrajectoryRunner]:
-    """A runner over ``source`` with the flags' backend; runner and backend closed on exit.
+    """A runner over ``source`` with the flags' backend and ``--schedule``; runner and
+    backend closed on exit.
 
     ``snapshot``: restore containers by snapshot-fork (``SnapshotRestore``) instead of replay.
     """
@@ -114,7 +121,7 @@ async def open_runner(
         env_factory=source.env_factory, restore_fn=restore_fn,
         max_steps=source.spec.max_steps,
         system_prompt=None if scripted else source.system_prompt,
-        token_mode=options.token_mode,
+        token_mode=options.token_mode, schedule=cast(Schedule, schedule),
     )  # fmt: skip
     try:
         yield runner

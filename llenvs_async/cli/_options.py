@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -29,6 +30,8 @@ __all__ = [
     "NConcurrentOpt",
     "QuietOpt",
     "RayAddressOpt",
+    "ScheduleKind",
+    "ScheduleOpt",
     "TokenModeOpt",
     "TokenizerOpt",
     "SeedOpt",
@@ -61,6 +64,25 @@ EpsilonOpt = Annotated[
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the scripted policy and sampling.")]
 TemperatureOpt = Annotated[float, typer.Option("--temperature", help="Sampling temperature.")]
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", help="Tokens per generated action.")]
+
+
+class ScheduleKind(StrEnum):
+    """The runner's schedules (``runner._lockstep.SCHEDULES``, in that order)."""
+
+    refill = "refill"
+    chunks = "chunks"
+    async_ = "async"
+
+
+ScheduleOpt = Annotated[
+    ScheduleKind,
+    typer.Option(
+        "--schedule",
+        help="refill: lockstep rounds, a freed slot takes the next rollout; chunks: the next "
+        "-c rollouts start when all are done; async: no rounds, each rollout generates as "
+        "soon as it stepped (ready requests share a call). Same samples under all three.",
+    ),
+]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No live progress display.")]
 BaseImageOpt = Annotated[
     list[str] | None,

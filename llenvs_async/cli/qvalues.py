@@ -68,6 +68,7 @@ def q_values(
     max_states: Annotated[int, typer.Option("--max-states", help="States to estimate at.")] = 3,
     rollouts: Annotated[int, typer.Option("--rollouts", "-n", help="Rollouts per estimate.")] = 8,
     n_concurrent: opt.NConcurrentOpt = 4,
+    schedule: opt.ScheduleOpt = opt.ScheduleKind.refill,
     backend: opt.BackendOpt = BackendKind.scripted,
     model: opt.ModelOpt = None,
     base_url: opt.BaseUrlOpt = None,
@@ -127,7 +128,9 @@ def q_values(
     source = sources.pop()
     mode: Failures = failures.value
     rows = run_async(
-        lambda: _estimate(source, options, picks, rollouts, n_concurrent, snapshot, mode)
+        lambda: _estimate(
+            source, options, picks, rollouts, n_concurrent, snapshot, mode, schedule.value
+        )
     )
     console.print(_table(rows, mode))
     ids = _estimate_ids(len(rows))
@@ -213,11 +216,12 @@ async def _estimate(
     n_concurrent: int,
     snapshot: bool,
     failures: Failures,
+    schedule: str,
 ) -> list[tuple[StatePick, str, ValueEstimate]]:
     rows: list[tuple[StatePick, str, ValueEstimate]] = []
     async with open_source(spec) as source:
         await source.check()
-        async with open_runner(source, options, snapshot=snapshot) as runner:
+        async with open_runner(source, options, snapshot=snapshot, schedule=schedule) as runner:
             for pick in picks:
                 err_console.print(f"estimating at {pick.title} ({len(pick.actions)} actions)")
                 (value,) = await estimate_values(

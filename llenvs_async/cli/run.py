@@ -54,6 +54,7 @@ def run(
     limit: Annotated[int | None, typer.Option("--limit", help="Only the first N tasks.")] = None,
     rollouts: Annotated[int, typer.Option("--rollouts", "-n", help="Rollouts per task.")] = 1,
     n_concurrent: opt.NConcurrentOpt = 4,
+    schedule: opt.ScheduleOpt = opt.ScheduleKind.refill,
     max_steps: opt.MaxStepsOpt = None,
     backend: opt.BackendOpt = BackendKind.scripted,
     model: opt.ModelOpt = None,
@@ -91,7 +92,7 @@ def run(
             written = run_async(
                 lambda: _collect(
                     spec, options, out, skip, tasks or [], limit, rollouts, n_concurrent, quiet,
-                    force, on_ray=ray_address is not None,
+                    force, on_ray=ray_address is not None, schedule=schedule.value,
                 )
             )  # fmt: skip
     except KeyboardInterrupt:
@@ -155,6 +156,7 @@ async def _collect(
     replace: bool = False,
     *,
     on_ray: bool = False,
+    schedule: str = "refill",
 ) -> int:
     async with open_source(spec) as source:
         if on_ray:
@@ -164,7 +166,7 @@ async def _collect(
         if not jobs:
             return 0
         await source.check()
-        async with open_runner(source, options) as runner:
+        async with open_runner(source, options, schedule=schedule) as runner:
             if replace:  # --force: the old file goes only once nothing can stop the run
                 await anyio.Path(out).unlink(missing_ok=True)
             with (

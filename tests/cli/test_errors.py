@@ -44,6 +44,8 @@ def _one_line_error(err: str) -> str:
         (["run", str(EXAMPLE_TASKS), "--build-ca-bundle", "/no/ca.pem"], "no such file"),
         (["run", str(EXAMPLE_TASKS), "--command-timeout", "0"], "--command-timeout"),
         (["run", "--env", "chain", "--allow-network"], "need a Harbor DATASET"),
+        (["run", "--env", "chain", "--schedule", "lockstep"], "'lockstep' is not one of"),
+        (["q-values", "x.jsonl", "--schedule", "x"], "--schedule"),
         (["q-values", "/no/such.jsonl"], "does not exist"),
         (["q-values", "x.jsonl", "-n", "1"], "--rollouts"),
         (["q-values", "x.jsonl", "--step", "-1"], "--step"),

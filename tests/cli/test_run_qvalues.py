@@ -8,10 +8,12 @@ from pathlib import Path
 import pytest
 
 from llenvs_async.cli import _sources
+from llenvs_async.cli._options import ScheduleKind
 from llenvs_async.cli._results import load_results
 from llenvs_async.docker.ownership import current_owner
 from llenvs_async.docker.snapshots import SNAPSHOT_OWNER_LABEL
 from llenvs_async.envs import CounterEnv
+from llenvs_async.runner._lockstep import SCHEDULES
 from llenvs_async.serialization import read_jsonl, read_trajectories
 
 from .conftest import EXAMPLE_TASKS, Invoke
@@ -33,6 +35,27 @@ def test_run_streams_one_record_per_task_and_rollout(cli: Invoke, tmp_path: Path
         assert len(traj) == 3 + record["key"]["task"]
         assert record["source"] == {"env": "chain", "dataset": None, "max_steps": None}
     assert "total" in res.out and "10" in res.out
+
+
+def test_the_schedule_does_not_change_the_samples(cli: Invoke, tmp_path: Path) -> None:
+    """``--schedule async`` (and chunks) on a pure env: the same actions as refill."""
+    actions: dict[str, dict[tuple[object, int], list[str]]] = {}
+    for schedule in ("refill", "async", "chunks"):
+        out = tmp_path / f"{schedule}.jsonl"
+        args = ["--env", "chain", "-n", "3", "-c", "4", "--epsilon", "0.5", "--seed", "7"]
+        res = cli("run", *args, "--schedule", schedule, "-o", str(out), "-q")
+        assert res.code == 0, res.err
+        actions[schedule] = {
+            key: [a.text for a in traj.actions]
+            for key, traj in zip(_keys(out), read_trajectories(out), strict=True)
+        }
+    assert len(actions["refill"]) == 15
+    assert len({tuple(a) for a in actions["refill"].values()}) > 1  # the seed matters
+    assert actions["async"] == actions["refill"] == actions["chunks"]
+    q = ["q-values", str(tmp_path / "refill.jsonl"), "-n", "2", "--max-states", "1"]
+    res = cli(*q, "--schedule", "async", "--json", str(tmp_path / "q.json"))
+    assert res.code == 0, res.err
+    assert json.loads((tmp_path / "q.json").read_text())
 
 
 def test_epsilon_makes_the_scripted_oracle_fail_sometimes(cli: Invoke, tmp_path: Path) -> None:
@@ -175,3 +198,7 @@ def test_run_then_q_values_on_harbor_tasks(
         ["docker", "images", "-q", "--filter", mine], capture_output=True, text=True, check=True
     ).stdout
     assert snapshots == ""  # the runner removed its snapshot images on close
+
+
+def test_the_schedule_flag_offers_the_runners_schedules() -> None:
+    assert tuple(ScheduleKind) == SCHEDULES
