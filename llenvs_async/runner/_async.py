@@ -15,8 +15,7 @@ from __future__ import annotations
 import asyncio
 import copy
 from collections import deque
-from collections.abc import AsyncGenerator, Coroutine
-from typing import Any
+from collections.abc import AsyncGenerator
 
 from .._shield import shielded
 from ..types import Trajectory
@@ -24,7 +23,7 @@ from ._config import RunConfig
 from ._instances import prepare_one
 from ._lockstep import generate_actions, step_rollout
 from ._rollout import Rollout
-from ._run import Run, emit, first_of
+from ._run import Run, first_of
 from ._slots import Slots
 from ._source import InputSource
 
@@ -145,7 +144,6 @@ async def run_async(
     wake = asyncio.Event()
     drivers: dict[asyncio.Task[None], Rollout] = {}
     ended: deque[asyncio.Task[None]] = deque()
-    emitted = 0
 
     def on_end(task: asyncio.Task[None]) -> None:
         ended.append(task)
@@ -158,8 +156,7 @@ async def run_async(
                 task = ended.popleft()
                 rollout = drivers.pop(task)
                 task.result()  # a programming error propagates
-                emitted += 1
-                yield emit(rollout, cfg)
+                yield run.emit(rollout)
             for rollout in run.fill():
                 batcher.busy += 1
                 task = loop.create_task(_drive(rollout, cfg, batcher, run))
@@ -174,20 +171,9 @@ async def run_async(
                 if run.shared is None and (source.done or source.static):
                     await wake.wait()  # the common case: no helper tasks per wake-up
                     continue
-                waits: list[Coroutine[Any, Any, Any]] = [wake.wait()]
-                if run.shared is not None:
-                    waits.append(run.shared.freed_since(run.shared.freed))
-                if not source.done:
-                    waits.append(source.changed_since(source.changes))
-                await first_of(waits)
+                await first_of([wake.wait(), *run.outside_waits()])
     finally:
-        cfg.stats.active_rollouts -= len(run.started) - emitted
-        try:
-            await _stop(drivers, batcher, run)
-        finally:
-            await run.closer.drain(run.started)
-            if shared is not None:
-                shared.release(id(run))
+        await run.end(_stop(drivers, batcher, run))
 
 
 async def _stop(drivers: dict[asyncio.Task[None], Rollout], batcher: Batcher, run: Run) -> None:

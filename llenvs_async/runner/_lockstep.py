@@ -12,7 +12,7 @@ from . import _timing
 from ._config import RunConfig
 from ._instances import Closer, prepare
 from ._rollout import Rollout, is_programming_error
-from ._run import Run, emit, first_of
+from ._run import Run, first_of
 from ._slots import Slots
 from ._source import InputSource
 from ._tokens import token_mismatch
@@ -43,7 +43,6 @@ async def run_rollouts(
     preparations and closes every instance still open, shielded and bounded.
     """
     run = Run(source, cfg, limit, shared)
-    emitted = 0
     try:
         while not source.done or run.active or run.preparing:
             if schedule == "chunks":
@@ -54,16 +53,9 @@ async def run_rollouts(
             run.active, run.new = [r for r in running if not r.finished], []
             for rollout in running:
                 if rollout.finished:
-                    emitted += 1
-                    yield emit(rollout, cfg)
+                    yield run.emit(rollout)
     finally:
-        cfg.stats.active_rollouts -= len(run.started) - emitted
-        try:
-            await run.stop_preparing()
-        finally:
-            await run.closer.drain(run.started)
-            if shared is not None:
-                shared.release(id(run))
+        await run.end(run.stop_preparing())
 
 
 async def _chunk_step(run: Run) -> None:

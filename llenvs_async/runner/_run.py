@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from .._shield import shielded
@@ -15,7 +15,7 @@ from ._rollout import Rollout
 from ._slots import Slots
 from ._source import InputSource
 
-__all__ = ["Run", "emit", "first_of"]
+__all__ = ["Run", "first_of"]
 
 _log = logging.getLogger("llenvs_async.runner")
 
@@ -37,6 +37,7 @@ class Run:
         self.new: list[Rollout] = []  # prepared: they join the next round
         self.driving = 0  # the async schedule's running rollouts (not kept in ``active``)
         self.preparing: dict[asyncio.Task[None], Rollout] = {}
+        self.emitted = 0
         self.closer = Closer(cfg, on_freed=self.freed)
         self.on_change: Callable[[], None] | None = None  # an instance closed: a slot freed
 
@@ -102,11 +103,40 @@ class Run:
         running = {t for t in self.preparing if not t.done()}  # a done one wakes nobody again
         if running:
             waits.append(asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED))
+        return waits + self.outside_waits()
+
+    def outside_waits(self) -> list[Coroutine[Any, Any, Any]]:
+        """What changes the room from outside this run: another run giving slots back
+        (shared cap), the source offering more inputs."""
+        waits: list[Coroutine[Any, Any, Any]] = []
         if self.shared is not None:
             waits.append(self.shared.freed_since(self.shared.freed))
         if not self.source.done:
             waits.append(self.source.changed_since(self.source.changes))
         return waits
+
+    def emit(self, rollout: Rollout) -> Trajectory:
+        """A finished rollout's trajectory, counted in the stats."""
+        stats = self.cfg.stats
+        stats.active_rollouts -= 1
+        if rollout.error is None:
+            stats.completed += 1
+        else:
+            stats.failed += 1
+        self.emitted += 1
+        return rollout.trajectory()
+
+    async def end(self, stop: Awaitable[None]) -> None:
+        """The run ends (done, failed or cancelled): rollouts not emitted leave the stats,
+        ``stop`` ends the scheduler's tasks, then every instance is closed (shielded and
+        bounded) and the shared slots are given back, whatever ``stop`` raised."""
+        self.cfg.stats.active_rollouts -= len(self.started) - self.emitted
+        try:
+            await stop
+        finally:
+            await self.closer.drain(self.started)
+            if self.shared is not None:
+                self.shared.release(id(self))
 
     async def stop_preparing(self) -> None:
         """Cancel preparations still running (see ``stop``)."""
@@ -153,12 +183,3 @@ async def first_of(
     finally:
         for task in tasks:
             task.cancel()
-
-
-def emit(rollout: Rollout, cfg: RunConfig) -> Trajectory:
-    cfg.stats.active_rollouts -= 1
-    if rollout.error is None:
-        cfg.stats.completed += 1
-    else:
-        cfg.stats.failed += 1
-    return rollout.trajectory()
