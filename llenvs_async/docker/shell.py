@@ -347,6 +347,11 @@ class ShellSession(AsyncResource):
         )
 
     @property
+    def channel(self) -> ShellChannel | None:
+        """The channel to the shell now (``None`` while it is being replaced)."""
+        return self._stream
+
+    @property
     def closed(self) -> bool:
         return self._closed
 

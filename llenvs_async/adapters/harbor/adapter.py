@@ -59,7 +59,9 @@ class HarborAdapter(AsyncResource):
     by default the adapter opens one on first use (one client for all its instances).
     ``warm_pool``: keep up to N started containers (shell open) per task image, so a
     ``reset`` takes one instead of creating it. Close the adapter (``async with``) to
-    remove the pool's containers and close its engine.
+    remove the pool's containers and close its engine. ``runtime="gvisor"``: episodes run in
+    gVisor sandboxes (``llenvs_async.sandbox``; needs runsc, root, no network), which
+    ``SnapshotRestore(processes=True)`` can fork with their processes.
     """
 
     def __init__(
@@ -74,7 +76,15 @@ class HarborAdapter(AsyncResource):
         docker_url: str | None = None,
         engine: DockerEngine | None = None,
         warm_pool: int = 0,
+        runtime: Literal["runc", "gvisor"] = "runc",
     ) -> None:
+        if runtime not in ("runc", "gvisor"):
+            raise ValueError(f"runtime must be 'runc' or 'gvisor', got {runtime!r}")
+        if runtime == "gvisor":
+            from ...sandbox.runsc import find_runsc
+
+            find_runsc()  # GvisorUnavailableError now, naming what is missing
+            warm_pool = 0  # sandboxes start from a cached rootfs; no pool of containers
         if isinstance(warm_pool, bool) or not isinstance(warm_pool, int) or warm_pool < 0:
             raise ValueError(f"warm_pool must be an int >= 0, got {warm_pool!r}")
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
@@ -98,6 +108,7 @@ class HarborAdapter(AsyncResource):
             docker_url=docker_url,
             engine=self.engine,
             pool=self.pool,
+            container_runtime=runtime,
         )
         self._closed = False
         self._cache = TaskCache(self.cache_dir, self.registry)

@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ...docker.container import Container, ContainerSpec
 from ...docker.engine import DockerEngine
@@ -46,6 +46,10 @@ from .dataset import HarborDataset
 from .image import TASK_IMAGE_LABEL, TaskImages
 from .task import HarborTask, resolve_env
 from .verifier import REWARD_JSON, REWARD_TXT, VERIFIER_LOG_DIR, VerifierResult, parse_reward
+
+if TYPE_CHECKING:
+    from ...sandbox.fork import SandboxCheckpoint
+    from ...sandbox.sandbox import Sandbox
 
 __all__ = [
     "DATASET_LABEL",
@@ -88,6 +92,7 @@ class HarborRuntime:
     docker_url: str | None = None
     engine: DockerEngine | None = None
     pool: WarmPool | None = None
+    container_runtime: Literal["runc", "gvisor"] = "runc"
 
 
 class HarborEnvironment(ShellTaskEnvironment):
@@ -127,7 +132,7 @@ class HarborEnvironment(ShellTaskEnvironment):
         self._network = False
         self._budget_override = budget_sec
         self._engine: DockerEngine | None = None
-        self._container: Container | None = None
+        self._container: Container | Sandbox | None = None
         self._shell: ShellSession | None = None
         self._task: HarborTask | None = None
         self._task_index = -1
@@ -153,8 +158,13 @@ class HarborEnvironment(ShellTaskEnvironment):
         return self._workdir
 
     @property
-    def container(self) -> Container | None:
+    def container(self) -> Container | Sandbox | None:
+        """The episode's container, or its gVisor sandbox (``runtime="gvisor"``)."""
         return self._container
+
+    @property
+    def container_runtime(self) -> Literal["runc", "gvisor"]:
+        return self.runtime.container_runtime
 
     @property
     def shell(self) -> ShellSession | None:
@@ -297,13 +307,30 @@ class HarborEnvironment(ShellTaskEnvironment):
         self._current = resumed
         return resumed
 
+    async def resume_from_checkpoint(self, checkpoint: SandboxCheckpoint, state: State) -> State:
+        """Continue ``state`` in a gVisor sandbox restored from ``checkpoint`` (taken of an
+        episode at ``state``): processes and the shell as they were; a new episode id."""
+        self._ensure_open()
+        start = await self._start(state.task, seed=state.seed, image=None, checkpoint=checkpoint)
+        resumed = replace(state, episode_id=start.episode_id, hidden=self._hidden())
+        self._current = resumed
+        return resumed
+
     # -- Environment template methods -------------------------------------------------------
 
     async def _reset(self, task: int | str | None, *, seed: int | None) -> State:
         return await self._start(task, seed=seed, image=None)
 
-    async def _start(self, task: int | str | None, *, seed: int | None, image: str | None) -> State:
-        """Start the task's container (from ``image`` if given, else the task image)."""
+    async def _start(
+        self,
+        task: int | str | None,
+        *,
+        seed: int | None,
+        image: str | None,
+        checkpoint: SandboxCheckpoint | None = None,
+    ) -> State:
+        """Start the task's container (from ``image`` if given, else the task image; from
+        ``checkpoint``: restore that gVisor sandbox)."""
         try:
             index, harbor_task = self.dataset.resolve(task)
         except (KeyError, IndexError, ValueError) as exc:
@@ -313,7 +340,10 @@ class HarborEnvironment(ShellTaskEnvironment):
             raise EnvError(f"task {harbor_task.name!r} needs {env_cfg.gpus} GPU(s); none offered")
         await self._drop_container()
         engine = await self._get_engine()
-        image = image or await self.runtime.images.ensure(engine, harbor_task)
+        if checkpoint is None:
+            image = image or await self.runtime.images.ensure(engine, harbor_task)
+        else:
+            image = checkpoint.spec.image
         network = self.runtime.allow_network and env_cfg.wants_network
         self._network = network
         agent_user = harbor_task.config.agent.user
@@ -327,7 +357,11 @@ class HarborEnvironment(ShellTaskEnvironment):
             cpus=env_cfg.cpus,
             labels={TASK_IMAGE_LABEL: harbor_task.name, DATASET_LABEL: self.dataset.spec},
         )
-        if self.runtime.pool is not None:  # started, shell open: no create on this path
+        if checkpoint is not None or self.runtime.container_runtime == "gvisor":
+            await self._start_sandbox(engine, spec, checkpoint)
+            container = self._container
+            assert container is not None
+        elif self.runtime.pool is not None:  # started, shell open: no create on this path
             warm = await self.runtime.pool.take(spec)
             container, self._shell = warm.container, warm.shell
             self._container = container
@@ -351,6 +385,22 @@ class HarborEnvironment(ShellTaskEnvironment):
             hidden=self._hidden(),
             seed=seed,
         )
+
+    async def _start_sandbox(
+        self, engine: DockerEngine, spec: ContainerSpec, checkpoint: SandboxCheckpoint | None
+    ) -> None:
+        """A gVisor sandbox with its shell: new, or restored from ``checkpoint``."""
+        from ...sandbox.fork import resume_sandbox
+        from ...sandbox.sandbox import Sandbox
+
+        if checkpoint is not None:
+            self._container, self._shell = await resume_sandbox(checkpoint, engine.labels)
+            return
+        if self._network:
+            raise EnvError("the gVisor runtime runs sandboxes without a network (--network=none)")
+        sandbox = await Sandbox.create(engine, spec)
+        self._container = sandbox
+        self._shell = await sandbox.shell()
 
     async def _run_command(self, command: str) -> tuple[CommandResult, float]:
         return await self._run(command)
@@ -449,7 +499,7 @@ class HarborEnvironment(ShellTaskEnvironment):
             raise
         return data.decode("utf-8", "replace")
 
-    def _require_container(self) -> Container:
+    def _require_container(self) -> Container | Sandbox:
         if self._container is None:
             raise EnvError("HarborEnvironment has no container: call reset() first")
         return self._container
