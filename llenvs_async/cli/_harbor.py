@@ -57,6 +57,7 @@ async def open_harbor(spec: SourceSpec) -> Source:
         base_image_aliases=options.base_images,
         build_network=options.build_network,
         build_ca_bundle=options.build_ca_bundle,
+        runtime="gvisor" if options.runtime == "gvisor" else "runc",
     )
     dataset = await adapter.get_dataset(spec.dataset)
     max_steps = spec.max_steps or DEFAULT_MAX_STEPS

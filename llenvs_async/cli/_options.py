@@ -28,6 +28,7 @@ __all__ = [
     "NConcurrentOpt",
     "QuietOpt",
     "RayAddressOpt",
+    "RuntimeOpt",
     "TokenModeOpt",
     "TokenizerOpt",
     "SeedOpt",
@@ -104,6 +105,14 @@ TokenizerOpt = Annotated[
         "--tokenizer", help="Tokenizer (a model directory) for --backend openai --token-mode."
     ),
 ]
+RuntimeOpt = Annotated[
+    str,
+    typer.Option(
+        "--runtime",
+        help="Container runtime of Harbor tasks: runc (Docker) or gvisor (runsc sandboxes; "
+        "with q-values --snapshot, forks keep processes and shell state).",
+    ),
+]
 RayAddressOpt = Annotated[
     str | None,
     typer.Option(
@@ -141,6 +150,7 @@ def harbor_options(
     build_ca_bundle: str | None,
     allow_network: bool,
     command_timeout: float | None,
+    runtime: str = "runc",
 ) -> HarborOptions:
     """Bundle and validate the Harbor flags."""
     from ..adapters.harbor.image import parse_alias
@@ -158,7 +168,9 @@ def harbor_options(
         build_ca_bundle = str(path.resolve())
     if command_timeout is not None and not command_timeout > 0:
         raise CliError(f"--command-timeout must be > 0 seconds, got {command_timeout}")
+    if runtime not in ("runc", "gvisor"):
+        raise CliError(f"--runtime must be 'runc' or 'gvisor', got {runtime!r}")
     return HarborOptions(
         base_images=tuple(pairs), build_network=build_network, build_ca_bundle=build_ca_bundle,
-        allow_network=allow_network, command_timeout=command_timeout,
+        allow_network=allow_network, command_timeout=command_timeout, runtime=runtime,
     )  # fmt: skip

@@ -42,6 +42,8 @@ class HarborOptions:
     allow_network: bool = False
     command_timeout: float | None = None
     """Seconds per command; ``None``: the task's ``[agent].timeout_sec``."""
+    runtime: str = "runc"
+    """``runc`` (Docker containers) or ``gvisor`` (runsc sandboxes)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -50,6 +52,7 @@ class HarborOptions:
             "build_ca_bundle": self.build_ca_bundle,
             "allow_network": self.allow_network,
             "command_timeout": self.command_timeout,
+            "runtime": self.runtime,
         }
 
     @classmethod
@@ -65,6 +68,7 @@ class HarborOptions:
             build_ca_bundle=data.get("build_ca_bundle"),
             allow_network=bool(data.get("allow_network", False)),
             command_timeout=data.get("command_timeout"),
+            runtime=str(data.get("runtime", "runc")),
         )
 
 

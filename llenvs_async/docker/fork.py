@@ -224,8 +224,9 @@ class Forkable(Protocol):
 
     async def resume_from_image(self, image: str, state: State) -> State: ...
 
-    async def resume_from_checkpoint(self, checkpoint: SandboxCheckpoint, state: State) -> State:
-        ...
+    async def resume_from_checkpoint(
+        self, checkpoint: SandboxCheckpoint, state: State
+    ) -> State: ...
 
 
 E = TypeVar("E", bound=Forkable)

@@ -320,7 +320,12 @@ class ShellSession(AsyncResource):
             grace_s=snap.grace_s,
             token=snap.token,
         )
-        session.kind, session.pid, session._fd, session._seq = snap.kind, snap.pid, snap.fd, snap.seq
+        session.kind, session.pid, session._fd, session._seq = (
+            snap.kind,
+            snap.pid,
+            snap.fd,
+            snap.seq,
+        )
         session._prompt_seq, session._flags = snap.prompt_seq, snap.flags
         session._check_syntax_first, session._parser = snap.check_syntax_first, snap.parser
         session._promptvars = "\\shopt -s promptvars; " if snap.kind == "bash" else ""

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..docker.container import DEFAULT_CAP_DROP, ContainerSpec
+from ..docker.container import ContainerSpec
 from ..docker.engine import DockerEngine, translate_errors
 from ..errors import GvisorUnavailableError, ImageError
 
@@ -68,8 +68,7 @@ def find_init() -> str:
         if found := shutil.which(name):
             return os.path.realpath(found)
     raise GvisorUnavailableError(
-        f"no init for sandboxes: none of {', '.join(_INITS)} is on PATH "
-        "(install docker.io or tini)"
+        f"no init for sandboxes: none of {', '.join(_INITS)} is on PATH (install docker.io or tini)"
     )
 
 
@@ -182,10 +181,14 @@ def oci_config(
         "mounts": [
             {"destination": "/proc", "type": "proc", "source": "proc"},
             {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
-            {"destination": "/sys", "type": "sysfs", "source": "sysfs",
-             "options": ["nosuid", "noexec", "nodev", "ro"]},
+            {
+                "destination": "/sys",
+                "type": "sysfs",
+                "source": "sysfs",
+                "options": ["nosuid", "noexec", "nodev", "ro"],
+            },
             {"destination": INIT_PATH, "type": "bind", "source": init, "options": ["rbind", "ro"]},
-        ],  # fmt: skip
+        ],
         "annotations": dict(annotations),
         "linux": {
             "namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")],

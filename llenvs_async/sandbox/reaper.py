@@ -128,7 +128,9 @@ def _orphaned(labels: Mapping[str, str], force: bool) -> Owner | None:
     return owner
 
 
-def reap_orphan_sandboxes(runsc: Runsc | None = None, *, force: bool = False) -> list[ReapedSandbox]:
+def reap_orphan_sandboxes(
+    runsc: Runsc | None = None, *, force: bool = False
+) -> list[ReapedSandbox]:
     """Remove sandboxes and checkpoint images whose owner process is provably gone (same
     rule as ``reap_orphans`` for containers; ``force``: also owners this process cannot check)."""
     runsc = runsc or find_runsc()

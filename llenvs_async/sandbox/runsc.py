@@ -62,7 +62,7 @@ class Runsc:
         self,
         *args: str,
         sandbox: bool = False,
-        timeout: float = 60.0,
+        timeout: float = 60.0,  # noqa: ASYNC109 - the subprocess is killed past it
         what: str = "",
         log: Path | None = None,
     ) -> str:
@@ -92,7 +92,7 @@ class Runsc:
             raise
         if proc.returncode != 0:
             if log is not None:
-                err = log.read_bytes()
+                err = await asyncio.to_thread(log.read_bytes)
             raise ContainerError(
                 f"runsc {what or args[0]} failed (exit {proc.returncode}): "
                 f"{err.decode(errors='replace').strip()[-500:]}"

@@ -13,7 +13,6 @@ import asyncio
 import io
 import math
 import secrets
-import shutil
 import subprocess
 import tarfile
 import time
@@ -308,7 +307,7 @@ class Sandbox(AsyncResource):
         channels, self._channels = self._channels, []
         for channel in channels:
             await channel.close()
-        image_path.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(image_path.mkdir, parents=True, exist_ok=True)
         await self.runsc.call("checkpoint", f"--image-path={image_path}", self.id,
                               timeout=self.remove_timeout * 4, what="checkpoint")  # fmt: skip
         await self.aclose()

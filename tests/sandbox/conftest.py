@@ -95,7 +95,9 @@ def task_dir(tmp_path: Path, gvisor_image: str) -> Path:
     (root / "task.toml").write_text(TASK_TOML)
     (root / "instruction.md").write_text("Serve a page.\n")
     (root / "environment" / "Dockerfile").write_text(f"FROM {gvisor_image}\n")
-    (root / "tests" / "test.sh").write_text("mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt\n")
+    (root / "tests" / "test.sh").write_text(
+        "mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt\n"
+    )
     return tmp_path / "tasks"
 
 

@@ -28,7 +28,7 @@ PREFIX = (
     "cd /srv",
 )
 PROBE = (
-    "wget -qO- http://127.0.0.1:8000/index.html; greet x; echo \"$SECRET\"; hi; "
+    'wget -qO- http://127.0.0.1:8000/index.html; greet x; echo "$SECRET"; hi; '
     "kill -USR1 $$; case $- in *f*) echo noglob;; esac; pwd; "
     "export -p | grep -c SECRET || true"
 )
