@@ -91,5 +91,5 @@ def test_missing_runsc_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None
     from llenvs_async.errors import GvisorUnavailableError
 
     monkeypatch.setenv("LLENVS_RUNSC", "/nonexistent/runsc")
-    with pytest.raises(GvisorUnavailableError, match="runsc is not installed.*ensure-gvisor"):
+    with pytest.raises(GvisorUnavailableError, match=r"runsc is not installed.*ensure-gvisor"):
         HarborAdapter(runtime="gvisor")
