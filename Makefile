@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install vllm tiny-model test test-fast test-ray lint demo bench docker images clean
+.PHONY: install vllm tiny-model test test-fast test-ray lint demo bench docker gvisor images clean
 
 install: $(STAMP)
 
@@ -27,14 +27,18 @@ tiny-model: vllm
 docker:
 	bash scripts/ensure-docker.sh
 
+# gVisor's runsc for the `gvisor` tier and `--runtime gvisor` (a no-op when installed).
+gvisor:
+	bash scripts/ensure-gvisor.sh
+
 images: install docker
 	$(PY) -m llenvs_async.docker.images build-all
 
-test: install vllm docker images
+test: install vllm docker gvisor images
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: install
-	$(PY) -m pytest -m 'not docker and not vllm and not ray' $(PYTEST_ARGS)
+	$(PY) -m pytest -m 'not docker and not vllm and not ray and not gvisor' $(PYTEST_ARGS)
 
 # The Ray tier alone: a two-node cluster on 127.0.0.1 (Ray comes with the dev extra).
 test-ray: install docker images

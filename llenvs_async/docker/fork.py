@@ -36,9 +36,11 @@ import hashlib
 import json
 import re
 import shlex
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from .._resource import AsyncResource
@@ -247,7 +249,7 @@ class SnapshotFork(AsyncResource, Generic[E]):
         self.session_id = new_session_id()
         self.timeout = timeout
         self.processes = processes
-        self._checkpoints: list[SandboxCheckpoint] = []
+        self._checkpoints: list[Path] = []  # checkpoint images (removed by aclose)
         self._engine = engine
         self._owns_engine = False
         self._engine_lock = asyncio.Lock()
@@ -303,11 +305,8 @@ class SnapshotFork(AsyncResource, Generic[E]):
             return
         self._closed = True
         checkpoints, self._checkpoints = self._checkpoints, []
-        if checkpoints:
-            from ..sandbox.fork import discard_checkpoint
-
-            for checkpoint in checkpoints:
-                await shielded(discard_checkpoint(checkpoint), within=self.timeout)
+        for directory in checkpoints:
+            await shielded(asyncio.to_thread(shutil.rmtree, directory, True), within=self.timeout)
         images, self._images = list(self._images.values()), {}
         engine, self._engine = self._engine, None
         if engine is None:
@@ -422,21 +421,32 @@ class SnapshotFork(AsyncResource, Generic[E]):
             raise RestoreError(f"the {type(self).__name__} was closed during the replay")
         labels = {**snapshot_labels(self.session_id, key.image), **sandbox.config["annotations"]}
         name = f"{key.digest[:16]}-{self.session_id}"
-        checkpoint = await shielded(
-            checkpoint_sandbox(sandbox, shell, name, labels), within=self.timeout
-        )
-        self._checkpoints.append(checkpoint)
+        try:
+            checkpoint = await shielded(
+                checkpoint_sandbox(sandbox, shell, name, labels), within=self.timeout
+            )
+        finally:
+            self._checkpoints.extend(self._pending_checkpoint(sandbox, name))
         self._count(snapshots=1)
-        await env.resume_from_checkpoint(checkpoint, current)
+        async with asyncio.TaskGroup() as tg:  # the stopped sandbox goes while env resumes
+            tg.create_task(sandbox.delete_stopped())
+            tg.create_task(env.resume_from_checkpoint(checkpoint, current))
         return _Checkpointed(checkpoint=checkpoint, template=current)
+
+    def _pending_checkpoint(self, sandbox: Sandbox, name: str) -> list[Path]:
+        """The checkpoint directory, if made (``aclose`` removes it whatever happened)."""
+        directory = sandbox.runsc.checkpoints / name
+        return [directory] if directory.exists() else []
 
     async def _fork(self, env: E, state: State, snap: _Snapshot | _Checkpointed,
                     started: float) -> State:  # fmt: skip
         template = replace(snap.template, task=state.task, actions=state.actions, seed=state.seed)
         if isinstance(snap, _Checkpointed):
+            began = time.monotonic()
             await env.resume_from_checkpoint(snap.checkpoint, template)
             self._count(forks=1)
-            record = {"method": "checkpoint", "checkpoint": snap.checkpoint.directory.name}
+            record = {"method": "checkpoint", "checkpoint": snap.checkpoint.directory.name,
+                      "resume_sec": round(time.monotonic() - began, 6)}  # fmt: skip
             return self._reanchor(env, state, started, {"restore": record})
         await env.resume_from_image(snap.image, template)
         if env.shell is None:

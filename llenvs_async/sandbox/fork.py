@@ -9,8 +9,6 @@ variables, functions, aliases, options and traps are simply still there.
 
 from __future__ import annotations
 
-import asyncio
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +22,7 @@ from .reaper import write_owner
 from .runsc import Runsc
 from .sandbox import Sandbox
 
-__all__ = ["SandboxCheckpoint", "checkpoint_sandbox", "discard_checkpoint", "resume_sandbox"]
+__all__ = ["SandboxCheckpoint", "checkpoint_sandbox", "resume_sandbox"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,8 +79,3 @@ async def resume_sandbox(
         await sandbox.aclose()
         raise
     return sandbox, session
-
-
-async def discard_checkpoint(checkpoint: SandboxCheckpoint) -> None:
-    """Remove the checkpoint image and its record."""
-    await asyncio.to_thread(shutil.rmtree, checkpoint.directory, True)

@@ -301,16 +301,29 @@ class Sandbox(AsyncResource):
         """Save the whole sandbox (processes, memory, in-memory filesystem) into ``image_path``.
 
         The relays of its shells end first (a checkpoint holds no host descriptors); the
-        sandbox stops: continue in one restored from the image. Closes this object.
+        sandbox stops: continue in one restored from the image. This object is closed, its
+        stopped sandbox not yet deleted: ``delete_stopped`` does that (``runsc delete`` takes
+        seconds here, so it runs alongside the restores).
         """
         self._check_open()
         channels, self._channels = self._channels, []
         for channel in channels:
             await channel.close()
         await asyncio.to_thread(image_path.mkdir, parents=True, exist_ok=True)
-        await self.runsc.call("checkpoint", f"--image-path={image_path}", self.id,
-                              timeout=self.remove_timeout * 4, what="checkpoint")  # fmt: skip
-        await self.aclose()
+        try:
+            await self.runsc.call("checkpoint", f"--image-path={image_path}", self.id,
+                                  timeout=self.remove_timeout * 4, what="checkpoint")  # fmt: skip
+        except BaseException:
+            await self.aclose()
+            raise
+        self._closed = True
+        sessions, self._sessions = self._sessions, []
+        for session in sessions:
+            await session.detach()
+
+    async def delete_stopped(self) -> None:
+        """Delete the sandbox ``checkpoint`` stopped (shielded; idempotent)."""
+        await shielded(asyncio.to_thread(remove_sandbox_sync, self.runsc, self.id), within=60)
 
     async def aclose(self) -> None:
         """Kill and delete the sandbox and its bundle (idempotent, shielded, bounded)."""
