@@ -93,3 +93,18 @@ def test_missing_runsc_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("LLENVS_RUNSC", "/nonexistent/runsc")
     with pytest.raises(GvisorUnavailableError, match=r"runsc is not installed.*ensure-gvisor"):
         HarborAdapter(runtime="gvisor")
+
+
+async def test_docker_environment_runs_in_a_sandbox(runsc: Runsc, gvisor_image: str) -> None:
+    from llenvs_async.docker import DockerEnvironment
+    from llenvs_async.types import Action
+
+    env = DockerEnvironment(image=gvisor_image, verify_command="test -f /done", runtime="gvisor")
+    async with env:
+        state = await env.reset()
+        assert isinstance(env.container, Sandbox)
+        state = (await env.step(state, Action(text="touch /done && echo made"))).next_state
+        assert state.observation.text == "made"
+        result = await env.step(state, Action(text="SUBMIT"))
+        assert result.reward == 1.0
+    assert env.container is None
