@@ -83,8 +83,12 @@ class HarborAdapter(AsyncResource):
         if runtime == "gvisor":
             from ...sandbox.runsc import find_runsc
 
+            if warm_pool:
+                raise ValueError(
+                    "warm_pool holds Docker containers, not gVisor sandboxes: "
+                    "use warm_pool=0 with runtime='gvisor'"
+                )
             find_runsc()  # GvisorUnavailableError now, naming what is missing
-            warm_pool = 0  # sandboxes start from a cached rootfs; no pool of containers
         if isinstance(warm_pool, bool) or not isinstance(warm_pool, int) or warm_pool < 0:
             raise ValueError(f"warm_pool must be an int >= 0, got {warm_pool!r}")
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
