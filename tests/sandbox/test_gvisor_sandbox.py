@@ -108,3 +108,19 @@ async def test_docker_environment_runs_in_a_sandbox(runsc: Runsc, gvisor_image: 
         result = await env.step(state, Action(text="SUBMIT"))
         assert result.reward == 1.0
     assert env.container is None
+
+
+async def test_an_example_harbor_task_is_solved_and_verified_in_gvisor(runsc: Runsc) -> None:
+    from llenvs_async.adapters.harbor import HarborAdapter
+    from llenvs_async.types import Action
+
+    tasks = ROOT / "examples" / "tasks"
+    async with HarborAdapter(runtime="gvisor") as adapter:
+        _, task = (await adapter.get_dataset(tasks)).resolve("csv-totals")
+        async with await adapter.get_environment(tasks, max_steps=None) as env:
+            state = await env.reset("csv-totals")
+            assert isinstance(env.container, Sandbox)
+            for command in task.solution_commands():
+                state = (await env.step(state, Action(text=command))).next_state
+            result = await env.step(state, Action(text="SUBMIT"))
+    assert result.reward == 1.0
