@@ -52,7 +52,7 @@ lint: install
 demo: install docker images
 	$(PY) examples/demo.py
 
-bench: install docker images
+bench: install docker gvisor images
 	$(PY) -m benchmarks.run_all
 
 clean:
