@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -50,7 +52,29 @@ def remove_sandbox_sync(runsc: Runsc, sandbox_id: str) -> None:
     done = runsc.call_sync("delete", "-force", sandbox_id)
     if done.returncode != 0 and sandbox_id in _ids(runsc):
         raise OSError(f"runsc delete {sandbox_id} failed: {done.stderr.strip()[-300:]}")
+    kill_bundle_processes(runsc.bundles / sandbox_id)
     shutil.rmtree(runsc.bundles / sandbox_id, ignore_errors=True)
+
+
+def kill_bundle_processes(bundle: Path) -> int:
+    """SIGKILL the runsc processes of ``bundle`` that runsc does not know (a start cut off
+    before it recorded the sandbox); how many."""
+    mark = f"--bundle={bundle}".encode()
+    killed = 0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if mark in argv and argv[0].startswith(b"runsc"):
+            try:
+                os.kill(int(proc.name), signal.SIGKILL)
+                killed += 1
+            except OSError:
+                pass
+    return killed
 
 
 def _ids(runsc: Runsc) -> set[str]:
@@ -98,7 +122,21 @@ def remove_own_sandboxes_sync(runsc: Runsc) -> list[str]:
         if _mine(labels):
             shutil.rmtree(directory, ignore_errors=True)
             removed.append(directory.name)
+    live = _ids(runsc)
+    for bundle in runsc.bundles.iterdir() if runsc.bundles.exists() else []:
+        if bundle.name not in live and _mine(_bundle_labels(bundle)):  # a start cut off
+            kill_bundle_processes(bundle)
+            shutil.rmtree(bundle, ignore_errors=True)
+            removed.append(bundle.name)
     return removed
+
+
+def _bundle_labels(bundle: Path) -> Mapping[str, str]:
+    try:
+        labels = json.loads((bundle / "config.json").read_text()).get("annotations", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return labels if isinstance(labels, dict) else {}
 
 
 def _backstop() -> None:
@@ -148,11 +186,7 @@ def reap_orphan_sandboxes(
                                         session=str(labels.get(SESSION_LABEL, ""))))  # fmt: skip
     live = _ids(runsc)
     for bundle in runsc.bundles.iterdir() if runsc.bundles.exists() else []:
-        if bundle.name not in live:  # a start that never got to runsc
-            try:
-                labels = json.loads((bundle / "config.json").read_text()).get("annotations", {})
-            except (OSError, ValueError, AttributeError):
-                labels = {}
-            if _orphaned(labels, force) is not None:
-                shutil.rmtree(bundle, ignore_errors=True)
+        if bundle.name not in live and _orphaned(_bundle_labels(bundle), force) is not None:
+            kill_bundle_processes(bundle)  # a start cut off before runsc recorded it
+            shutil.rmtree(bundle, ignore_errors=True)
     return reaped

@@ -3,6 +3,7 @@ limits, no network; no sandbox left after SIGINT; ``cleanup`` reaps a killed own
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -124,3 +125,23 @@ async def test_an_example_harbor_task_is_solved_and_verified_in_gvisor(runsc: Ru
                 state = (await env.step(state, Action(text=command))).next_state
             result = await env.step(state, Action(text="SUBMIT"))
     assert result.reward == 1.0
+
+
+def test_a_start_cut_off_before_runsc_recorded_it_is_killed(runsc: Runsc) -> None:
+    from llenvs_async.docker.ownership import current_owner
+    from llenvs_async.sandbox.reaper import remove_own_sandboxes_sync
+
+    bundle = runsc.bundles / "llenvs-cut-off-start"
+    bundle.mkdir()
+    (bundle / "config.json").write_text(json.dumps({"annotations": current_owner().labels}))
+    # A process like runsc-sandbox of that bundle, unknown to `runsc list`.
+    stray = subprocess.Popen(
+        ["runsc-sandbox", "-c", "import time; time.sleep(300)", f"--bundle={bundle}"],
+        executable=sys.executable,
+    )
+    try:
+        assert "llenvs-cut-off-start" in remove_own_sandboxes_sync(runsc)
+        assert stray.wait(timeout=10) == -signal.SIGKILL
+        assert not bundle.exists()
+    finally:
+        stray.kill()
