@@ -38,8 +38,10 @@ def _fail_or_skip(message: str) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if "runsc" in getattr(item, "fixturenames", ()):
+        fixtures = getattr(item, "fixturenames", ())
+        if "runsc" in fixtures:
             item.add_marker(pytest.mark.gvisor)
+        if "runsc" in fixtures or "gvisor_image" in fixtures:
             item.add_marker(pytest.mark.docker)
 
 
