@@ -93,11 +93,12 @@ def build_backend(options: BackendOptions, source: Source) -> Backend:
 
 @contextlib.asynccontextmanager
 async def open_runner(
-    source: Source, options: BackendOptions, *, snapshot: bool = False
+    source: Source, options: BackendOptions, *, snapshot: bool = False, processes: bool = False
 ) -> AsyncIterator[TrajectoryRunner]:
     """A runner over ``source`` with the flags' backend; runner and backend closed on exit.
 
-    ``snapshot``: restore containers by snapshot-fork (``SnapshotRestore``) instead of replay.
+    ``snapshot``: restore containers by snapshot-fork (``SnapshotRestore``) instead of replay;
+    ``processes``: fork gVisor sandboxes from a checkpoint (``SnapshotRestore(processes=True)``).
     """
     restore_fn = source.restore_fn
     if snapshot:
@@ -105,7 +106,7 @@ async def open_runner(
             raise CliError("--snapshot needs a container dataset (a Harbor task directory)")
         from ..adapters.harbor import SnapshotRestore
 
-        restore_fn = SnapshotRestore()
+        restore_fn = SnapshotRestore(processes=processes)
     backend = build_backend(options, source)
     scripted = options.kind is BackendKind.scripted
     # A restored state carries its history: the default conversation is what the policy saw.
