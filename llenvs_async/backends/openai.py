@@ -39,6 +39,7 @@ from ._openai_wire import (
     render_plain_prompt,
 )
 from ._outcomes import request_error
+from ._weights import check_version, tag
 
 __all__ = ["OpenAIBackend", "render_plain_prompt"]
 
@@ -80,7 +81,9 @@ class OpenAIBackend(AsyncResource):
         prompt_renderer: Callable[[Sequence[ChatMessage]], str] = render_plain_prompt,
         client: httpx.AsyncClient | None = None,
         tokenizer: Any = None,
+        policy_version: int | None = 0,
     ) -> None:
+        check_version(policy_version, owner="OpenAIBackend")
         if mode not in ("chat", "completions"):
             raise ValueError(f"OpenAIBackend mode must be 'chat' or 'completions', got {mode!r}")
         if timeout <= 0:
@@ -115,12 +118,19 @@ class OpenAIBackend(AsyncResource):
         self._random = random.Random()
         self._tokenizer = tokenizer
         self._tokenizer_lock = asyncio.Lock()
+        self._version = policy_version
         self._closed = False
 
     def __repr__(self) -> str:
         return (
             f"OpenAIBackend(base_url={self.base_url!r}, model={self.model!r}, mode={self.mode!r})"
         )
+
+    @property
+    def policy_version(self) -> int | None:
+        """The served weights' version: each completion is tagged with it when its
+        response arrives (the OpenAI routes report no per-token spans)."""
+        return self._version
 
     async def generate(
         self, requests: Sequence[GenerationRequest], params: SamplingParams
@@ -146,7 +156,7 @@ class OpenAIBackend(AsyncResource):
             response = await self._post(url, payload)
         except BackendError as exc:
             return _rejected(exc, index, request)
-        return _parse(response, parse_chat_response)
+        return tag(_parse(response, parse_chat_response), self._version)
 
     async def _completions(
         self, requests: Sequence[GenerationRequest], params: SamplingParams
@@ -202,7 +212,8 @@ class OpenAIBackend(AsyncResource):
                 for i, prompt in zip(indices, prompts, strict=True)
             )
             return [outcome for [outcome] in alone]
-        return list(_parse(response, lambda data: parse_completions_response(data, len(prompts))))
+        outcomes = _parse(response, lambda data: parse_completions_response(data, len(prompts)))
+        return [tag(outcome, self._version) for outcome in outcomes]
 
     async def _post(self, url: str, payload: Mapping[str, Any]) -> httpx.Response:
         """POST with retries; returns a 2xx response or raises ``BackendError``."""

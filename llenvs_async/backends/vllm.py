@@ -31,6 +31,7 @@ from ._vllm_compat import (
     to_completion,
     tokens_prompt_factory,
 )
+from ._weights import check_version
 
 __all__ = ["EngineLike", "VLLMBackend"]
 
@@ -69,8 +70,10 @@ class VLLMBackend(AsyncResource):
         model: str | None = None,
         tokenizer: Any = None,
         abort_timeout: float = 10.0,
+        policy_version: int | None = 0,
         **engine_kwargs: Any,
     ) -> None:
+        check_version(policy_version, owner="VLLMBackend")
         if (engine is None) == (model is None):
             raise ValueError("VLLMBackend needs exactly one of engine= or model=")
         if engine is not None and engine_kwargs:
@@ -85,18 +88,37 @@ class VLLMBackend(AsyncResource):
         )
         self._tokenizer = tokenizer
         self._abort_timeout = abort_timeout
+        self._initial_version = policy_version
+        self._version = policy_version
         self._closed = False
 
     @classmethod
     def from_engine_args(
-        cls, model: str, *, tokenizer: Any = None, abort_timeout: float = 10.0, **engine_kwargs: Any
+        cls,
+        model: str,
+        *,
+        tokenizer: Any = None,
+        abort_timeout: float = 10.0,
+        policy_version: int | None = 0,
+        **engine_kwargs: Any,
     ) -> VLLMBackend:
         """Build and own an ``AsyncLLM`` from ``AsyncEngineArgs(model=model, **engine_kwargs)``."""
-        return cls(model=model, tokenizer=tokenizer, abort_timeout=abort_timeout, **engine_kwargs)
+        return cls(
+            model=model,
+            tokenizer=tokenizer,
+            abort_timeout=abort_timeout,
+            policy_version=policy_version,
+            **engine_kwargs,
+        )
 
     @property
     def engine(self) -> EngineLike:
         return self._engine
+
+    @property
+    def policy_version(self) -> int | None:
+        """The weights' version: completions finishing now are tagged with it."""
+        return self._version
 
     async def generate(
         self, requests: Sequence[GenerationRequest], params: SamplingParams
@@ -186,7 +208,9 @@ class VLLMBackend(AsyncResource):
             return GenerationError(error=error, request_index=index)
         if final is None:
             raise BackendError(f"vLLM request {request_id} produced no output")
-        return to_completion(final, request_id)
+        return to_completion(
+            final, request_id, version=self._version, initial_version=self._initial_version
+        )
 
     async def _abort(self, request_id: str) -> None:
         """Abort in the engine, shielded from cancellation and bounded by ``abort_timeout``."""
