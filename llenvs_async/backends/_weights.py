@@ -94,7 +94,7 @@ class WeightSwitch:
     def __init__(self, version: int | None, handoff_dir: str | os.PathLike[str] | None) -> None:
         self.initial = version
         self.version = version
-        self.aborts = 0  # how many mode="abort" updates have started
+        self.aborts = 0  # how many mode="abort" updates have finished
         self._handoff_dir = handoff_dir
         self._lock = asyncio.Lock()
         self._resumed = asyncio.Event()  # cleared while a mode="abort" update runs
@@ -121,7 +121,6 @@ class WeightSwitch:
         mode: UpdateMode,
     ) -> None:
         if mode == "abort":
-            self.aborts += 1
             self._resumed.clear()
         try:
             await swap(directory, version, mode)
@@ -134,15 +133,18 @@ class WeightSwitch:
                 f"{type(exc).__name__}: {exc}"
             ) from exc
         finally:
-            self._resumed.set()
+            if mode == "abort":
+                self.aborts += 1
+                self._resumed.set()
 
     async def regenerate(self, outcome: Completion | GenerationError, aborts: int) -> bool:
         """Whether ``outcome`` (of a request sent when ``self.aborts`` was ``aborts``) was
-        stopped by an abort-mode update and must be sent again; waits for that update."""
+        stopped by an abort-mode update (one running now, or finished since it was sent)
+        and must be sent again; waits for that update to finish."""
         if not (
             isinstance(outcome, Completion)
             and outcome.finish_reason == "abort"
-            and self.aborts != aborts
+            and (self.aborts != aborts or not self._resumed.is_set())
         ):
             return False
         await self._resumed.wait()

@@ -258,10 +258,11 @@ class VLLMBackend(AsyncResource):
         check_update(mode, version, owner="VLLMBackend")
         if self._closed:
             raise ClosedError("VLLMBackend")
+        _updatable(self._engine)
         await self._weights.switch(named_tensors, version, mode, self._engine_swap)
 
     async def _engine_swap(self, directory: str, version: int, mode: UpdateMode) -> None:
-        engine = _updatable(self._engine)
+        engine: Any = self._engine
         await engine.pause_generation(mode=mode, clear_cache=False)
         try:
             await engine.collective_rpc("reload_weights", kwargs={"weights_path": directory})
@@ -290,16 +291,21 @@ class VLLMBackend(AsyncResource):
             self._engine.shutdown()
 
 
-def _updatable(engine: Any) -> Any:
-    """The engine, if it has the pause / reload API of vLLM's ``AsyncLLM`` (>= 0.16)."""
-    needed = ("pause_generation", "resume_generation", "collective_rpc", "update_weight_version")
+def _updatable(engine: Any) -> None:
+    """Refuse an engine without the pause / reload API of vLLM's ``AsyncLLM``."""
+    needed = (
+        "pause_generation",
+        "resume_generation",
+        "collective_rpc",
+        "reset_prefix_cache",
+        "update_weight_version",
+    )
     missing = [name for name in needed if not callable(getattr(engine, name, None))]
     if missing:
         raise BackendError(
             f"VLLMBackend.update_weights needs an AsyncLLM with {', '.join(needed)}; "
             f"{type(engine).__name__} lacks {', '.join(missing)}"
         )
-    return engine
 
 
 def _describe(index: int, request: GenerationRequest) -> str:
