@@ -5,7 +5,7 @@ version=step)``). vLLM labels weights with strings: this backend writes ``str(ve
 so a label that is a decimal int is that version; any other label (vLLM's ``"default"``,
 set before the first update) is the backend's initial version.
 
-The CPU route for moving tensors into an engine is a file handoff: the tensors are
+The route for moving tensors into an engine (CPU and GPU alike) is a file handoff: the tensors are
 written as one safetensors file into a fresh directory (under ``/dev/shm`` when it
 exists, so it is a memory copy) and the engine's stock ``reload_weights(weights_path=dir)``
 worker method loads them through the model's own ``load_weights``.
