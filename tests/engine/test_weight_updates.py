@@ -202,7 +202,7 @@ async def test_no_request_is_lost_or_duplicated(fp32: Any, hf: Any, mode: str) -
     backend = VLLMBackend(probe, policy_version=None)
     old_version = next(VERSIONS)
     await backend.update_weights(hf.named_parameters(), version=old_version)
-    n, length = 6, 160
+    n, length = 6, 320
     batch = [chat(f"batch {i}", seed=20 + i, index=i) for i in range(n)]
     params = SamplingParams(max_tokens=length, temperature=1.0, logprobs=0)
     started = probe.reached(4)
