@@ -1,9 +1,18 @@
-"""The lockstep TrajectoryRunner and its multi-instance path."""
+"""The TrajectoryRunner (lockstep and async schedules), its multi-instance path and its
+rollout stream for training loops."""
 
 from __future__ import annotations
 
 from ._config import RunnerStats
 from ._rollout import PromptBuilder
 from ._runner import TrajectoryRunner
+from ._stream import RolloutStream, StreamInput, StreamStats
 
-__all__ = ["PromptBuilder", "RunnerStats", "TrajectoryRunner"]
+__all__ = [
+    "PromptBuilder",
+    "RolloutStream",
+    "RunnerStats",
+    "StreamInput",
+    "StreamStats",
+    "TrajectoryRunner",
+]

@@ -3,118 +3,26 @@
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections import deque
-from collections.abc import AsyncGenerator, Awaitable, Coroutine, Sequence
-from typing import Any, Literal
+from collections.abc import AsyncGenerator, Awaitable, Sequence
+from typing import Literal
 
-from .._shield import shielded
 from ..errors import BackendError, ContextLengthError, EnvError, StepTimeoutError
 from ..types import Action, GenerationError, Trajectory, Transition
 from ._config import RunConfig
-from ._instances import Closer, prepare, prepare_one
-from ._rollout import Rollout, RolloutInput, is_programming_error
+from ._instances import Closer, prepare
+from ._rollout import Rollout, is_programming_error
+from ._run import Run, emit, first_of
 from ._slots import Slots
+from ._source import InputSource
 from ._tokens import token_mismatch
 
 __all__ = ["Schedule", "run_rollouts"]
 
-_log = logging.getLogger("llenvs_async.runner")
-
-
 Schedule = Literal["refill", "chunks"]
 
 
-class _Run:
-    """One call's scheduling state: what is pending, preparing, live and closing."""
-
-    def __init__(
-        self,
-        specs: Sequence[RolloutInput],
-        cfg: RunConfig,
-        limit: int,
-        shared: Slots | None,
-    ) -> None:
-        self.cfg, self.limit, self.shared = cfg, limit, shared
-        self.pending = deque(specs)
-        self.started: list[Rollout] = []
-        self.active: list[Rollout] = []
-        self.new: list[Rollout] = []  # prepared: they join the next round
-        self.preparing: dict[asyncio.Task[None], Rollout] = {}
-        self.closer = Closer(cfg, on_freed=self.report)
-
-    def live(self) -> int:
-        """Rollouts holding (or about to hold) an instance, closing ones included."""
-        busy = sum(1 for r in self.active if not r.finished)
-        busy += sum(1 for r in self.new if not r.finished)
-        return busy + len(self.preparing) + self.closer.closing
-
-    def report(self) -> None:
-        if self.shared is not None:
-            self.shared.update(id(self), self.live())
-
-    def room(self) -> int:
-        free = min(self.limit - self.live(), len(self.pending))
-        if self.shared is not None:
-            self.report()
-            free = min(free, self.shared.free())
-        return max(free, 0)
-
-    def take(self, n: int) -> list[Rollout]:
-        batch = [Rollout(spec=self.pending.popleft()) for _ in range(n)]
-        self.started.extend(batch)
-        self.cfg.stats.rollouts_started(n)
-        return batch
-
-    def spawn(self) -> None:
-        """Start preparing as many pending inputs as there are free slots (background)."""
-        loop = asyncio.get_running_loop()
-        for rollout in self.take(self.room()):
-            task = loop.create_task(prepare_one(rollout, self.cfg, self.closer))
-            self.preparing[task] = rollout
-        self.report()
-
-    def harvest(self) -> None:
-        """Move finished preparations to ``new``; a programming error in one propagates."""
-        for task in [t for t in self.preparing if t.done()]:
-            rollout = self.preparing.pop(task)
-            task.result()
-            self.new.append(rollout)
-
-    def room_waits(self) -> list[Coroutine[Any, Any, Any]]:
-        """What frees a slot: one of our instances closing, a preparation ending, or
-        (shared cap) another run giving slots back."""
-        waits: list[Coroutine[Any, Any, Any]] = [self.closer.freed_since(self.closer.freed)]
-        running = {t for t in self.preparing if not t.done()}  # a done one wakes nobody again
-        if running:
-            waits.append(asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED))
-        if self.shared is not None:
-            waits.append(self.shared.freed_since(self.shared.freed))
-        return waits
-
-    async def stop_preparing(self) -> None:
-        """Cancel preparations still running. A factory call gets ``close_timeout`` of
-        grace to finish (its instance is then closed at once: the closer is shut); this
-        waits a little longer than that, and a preparation still running after it is
-        logged, not raised (teardown goes on)."""
-        self.closer.shut = True
-        if not self.preparing:
-            return
-        for task in self.preparing:
-            task.cancel()
-        try:
-            await shielded(asyncio.wait(set(self.preparing)), within=2 * self.cfg.close_timeout)
-        except TimeoutError:
-            still = sum(1 for t in self.preparing if not t.done())
-            _log.warning("%d rollout preparation(s) still running at teardown", still)
-        for task in self.preparing:
-            if task.done() and not task.cancelled():
-                task.exception()  # retrieved: the run is ending for another reason
-        self.preparing.clear()
-
-
 async def run_rollouts(
-    specs: Sequence[RolloutInput],
+    source: InputSource,
     cfg: RunConfig,
     limit: int,
     schedule: Schedule,
@@ -132,10 +40,10 @@ async def run_rollouts(
     a ``yield``, so abandoning or cancelling the iteration is safe; ``finally`` stops the
     preparations and closes every instance still open, shielded and bounded.
     """
-    run = _Run(specs, cfg, limit, shared)
+    run = Run(source, cfg, limit, shared)
     emitted = 0
     try:
-        while run.pending or run.active or run.preparing:
+        while not source.done or run.active or run.preparing:
             if schedule == "chunks":
                 await _chunk_step(run)
             else:
@@ -145,7 +53,7 @@ async def run_rollouts(
             for rollout in running:
                 if rollout.finished:
                     emitted += 1
-                    yield _emit(rollout, cfg)
+                    yield emit(rollout, cfg)
     finally:
         cfg.stats.active_rollouts -= len(run.started) - emitted
         try:
@@ -156,21 +64,21 @@ async def run_rollouts(
                 shared.release(id(run))
 
 
-async def _chunk_step(run: _Run) -> None:
+async def _chunk_step(run: Run) -> None:
     if run.active:
         await _round(run.active, run.cfg, run.closer)
         return
     await run.closer.drain()  # the previous chunk is closed before the next one starts
     n = run.room()
     if n == 0:  # every slot is another run's (shared cap)
-        await _first_of(run.room_waits())
+        await first_of(run.room_waits())
         return
     run.new = run.take(n)
     run.report()
     await _unwrapped(prepare(run.new, run.cfg, run.closer))
 
 
-async def _refill_step(run: _Run) -> None:
+async def _refill_step(run: Run) -> None:
     """One round for the active rollouts; meanwhile every slot that is or becomes free
     (an instance closed) starts preparing the next input, which joins the first round
     after it is ready. With nothing to step, wait for every preparation in flight."""
@@ -179,7 +87,7 @@ async def _refill_step(run: _Run) -> None:
         round_task = asyncio.ensure_future(_round(run.active, run.cfg, run.closer))
         try:
             while not round_task.done():
-                await _first_of(run.room_waits() if run.pending else [], keep=round_task)
+                await first_of(run.room_waits() if not run.source.done else [], keep=round_task)
                 run.spawn()
         finally:
             if not round_task.done():  # we are being cancelled: so is the round
@@ -189,30 +97,8 @@ async def _refill_step(run: _Run) -> None:
     elif run.preparing:  # nothing to step: the first round starts with all of them
         await asyncio.wait(set(run.preparing))
     else:  # every slot is closing or another run's
-        await _first_of(run.room_waits())
+        await first_of(run.room_waits())
     run.harvest()
-
-
-async def _first_of(
-    waits: Sequence[Coroutine[Any, Any, Any]], keep: asyncio.Future[Any] | None = None
-) -> None:
-    """Wait until ``keep`` is done or the first of ``waits`` returns; the waits left are
-    cancelled (``keep`` is not)."""
-    tasks = [asyncio.ensure_future(w) for w in waits]
-    try:
-        await asyncio.wait({*tasks, *([keep] if keep else [])}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-
-
-def _emit(rollout: Rollout, cfg: RunConfig) -> Trajectory:
-    cfg.stats.active_rollouts -= 1
-    if rollout.error is None:
-        cfg.stats.completed += 1
-    else:
-        cfg.stats.failed += 1
-    return rollout.trajectory()
 
 
 async def _unwrapped(work: Awaitable[None]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .._resource import AsyncResource
@@ -17,6 +17,8 @@ from ._config import RunConfig, RunnerStats
 from ._lockstep import Schedule, run_rollouts
 from ._rollout import PromptBuilder, RolloutInput
 from ._slots import Slots
+from ._source import InputSource, SpecSource
+from ._stream import RolloutStream, StreamInput
 from ._tokens import TokenPrompts, check_token_backend
 
 __all__ = ["TrajectoryRunner"]
@@ -193,6 +195,50 @@ class TrajectoryRunner(AsyncResource):
             async for trajectory in it:
                 yield trajectory
 
+    def stream(
+        self,
+        inputs: Iterable[StreamInput] | AsyncIterable[StreamInput],
+        *,
+        group_size: int,
+        batch_size: int,
+        max_staleness: int | None = None,
+        schedule: Schedule | None = None,
+        max_steps: int | None = None,
+        queue_size: int | None = None,
+    ) -> RolloutStream:
+        """Roll out ``group_size`` episodes per input (a task or a saved ``State``; the
+        inputs may be an endless, async iterator) while the caller trains: ``async with
+        runner.stream(...) as s: async for group in s``. At most ``batch_size`` rollouts
+        live; at most ``queue_size`` groups outstanding (default: two batches' worth);
+        ``max_staleness`` bounds how many policy versions a yielded group's oldest action
+        is behind the backend's ``policy_version`` (see ``runner._stream``).
+        """
+        for name, value in (("group_size", group_size), ("batch_size", batch_size)):
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if max_staleness is not None and (type(max_staleness) is not int or max_staleness < 0):
+            raise ValueError(f"max_staleness must be an int >= 0 or None, got {max_staleness!r}")
+        if queue_size is None:
+            queue_size = 2 * max(1, -(-batch_size // group_size))
+        elif type(queue_size) is not int or queue_size < 1:
+            raise ValueError(f"queue_size must be an int >= 1 or None, got {queue_size!r}")
+        if isinstance(inputs, str | bytes) or not isinstance(inputs, Iterable | AsyncIterable):
+            raise TypeError(
+                "inputs must be an iterable or async iterable of tasks or States, "
+                f"got {type(inputs).__name__}"
+            )
+        _check_positive("max_steps", max_steps)
+        return RolloutStream(
+            self,
+            inputs,
+            group_size=group_size,
+            batch_size=batch_size,
+            max_staleness=max_staleness,
+            schedule=None if schedule is None else _check_schedule(schedule),
+            max_steps=max_steps,
+            queue_size=queue_size,
+        )
+
     async def _collect(
         self,
         specs: list[RolloutInput],
@@ -223,6 +269,20 @@ class TrajectoryRunner(AsyncResource):
         max_steps: int | None,
         schedule: Schedule | None,
     ) -> AsyncGenerator[Trajectory, None]:
+        _check_positive("batch_size", batch_size)
+        rollouts = self._run(SpecSource(specs), batch_size or len(specs), max_steps, schedule)
+        async with contextlib.aclosing(rollouts) as it:
+            async for trajectory in it:
+                yield trajectory
+
+    async def _run(
+        self,
+        source: InputSource,
+        batch_size: int,
+        max_steps: int | None,
+        schedule: Schedule | None,
+    ) -> AsyncGenerator[Trajectory, None]:
+        """Every input of ``source``, at most ``batch_size`` live, as they finish."""
         if self._closed:
             raise ClosedError("TrajectoryRunner")
         _check_positive("batch_size", batch_size)
@@ -231,14 +291,13 @@ class TrajectoryRunner(AsyncResource):
         cfg = self._config(max_steps)
         if not self.environment.pure_step and self.env_factory is None:
             # One shared stateful instance: one rollout at a time, one run at a time.
-            async with self._shared_env_lock:
-                for spec in specs:
-                    async with contextlib.aclosing(run_rollouts([spec], cfg, 1, schedule)) as one:
-                        async for trajectory in one:
-                            yield trajectory
+            one = run_rollouts(source, cfg, 1, schedule)
+            async with self._shared_env_lock, contextlib.aclosing(one) as it:
+                async for trajectory in it:
+                    yield trajectory
             return
         shared = self.instance_slots if cfg.multi_instance else None
-        rollouts = run_rollouts(specs, cfg, batch_size or len(specs), schedule, shared)
+        rollouts = run_rollouts(source, cfg, batch_size, schedule, shared)
         async with contextlib.aclosing(rollouts) as it:
             async for trajectory in it:
                 yield trajectory

@@ -182,14 +182,14 @@ async def test_a_prepared_input_waiting_for_a_slow_round_does_not_spin(
     from llenvs_async.runner import _lockstep
 
     wakes = 0
-    real = _lockstep._first_of
+    real = _lockstep.first_of
 
     async def counting(waits, keep=None):  # type: ignore[no-untyped-def]
         nonlocal wakes
         wakes += 1
         return await real(waits, keep)
 
-    monkeypatch.setattr(_lockstep, "_first_of", counting)
+    monkeypatch.setattr(_lockstep, "first_of", counting)
 
     class Slow(ScriptedBackend):
         async def generate(self, requests, params):  # type: ignore[no-untyped-def]

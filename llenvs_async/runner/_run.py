@@ -1,0 +1,132 @@
+"""One run's scheduling state, shared by the lockstep and the async schedulers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine, Sequence
+from typing import Any
+
+from .._shield import shielded
+from ..types import Trajectory
+from ._config import RunConfig
+from ._instances import Closer, prepare_one
+from ._rollout import Rollout
+from ._slots import Slots
+from ._source import InputSource
+
+__all__ = ["Run", "emit", "first_of"]
+
+_log = logging.getLogger("llenvs_async.runner")
+
+
+class Run:
+    """One call's scheduling state: what is pending, preparing, live and closing."""
+
+    def __init__(
+        self,
+        source: InputSource,
+        cfg: RunConfig,
+        limit: int,
+        shared: Slots | None,
+    ) -> None:
+        self.cfg, self.limit, self.shared = cfg, limit, shared
+        self.source = source
+        self.started: list[Rollout] = []
+        self.active: list[Rollout] = []
+        self.new: list[Rollout] = []  # prepared: they join the next round
+        self.preparing: dict[asyncio.Task[None], Rollout] = {}
+        self.closer = Closer(cfg, on_freed=self.report)
+
+    def live(self) -> int:
+        """Rollouts holding (or about to hold) an instance, closing ones included."""
+        busy = sum(1 for r in self.active if not r.finished)
+        busy += sum(1 for r in self.new if not r.finished)
+        return busy + len(self.preparing) + self.closer.closing
+
+    def report(self) -> None:
+        if self.shared is not None:
+            self.shared.update(id(self), self.live())
+
+    def room(self) -> int:
+        free = min(self.limit - self.live(), self.source.available())
+        if self.shared is not None:
+            self.report()
+            free = min(free, self.shared.free())
+        return max(free, 0)
+
+    def take(self, n: int) -> list[Rollout]:
+        batch = [Rollout(spec=spec) for spec in self.source.take(n)]
+        self.started.extend(batch)
+        self.cfg.stats.rollouts_started(n)
+        return batch
+
+    def spawn(self) -> None:
+        """Start preparing as many pending inputs as there are free slots (background)."""
+        loop = asyncio.get_running_loop()
+        for rollout in self.take(self.room()):
+            task = loop.create_task(prepare_one(rollout, self.cfg, self.closer))
+            self.preparing[task] = rollout
+        self.report()
+
+    def harvest(self) -> None:
+        """Move finished preparations to ``new``; a programming error in one propagates."""
+        for task in [t for t in self.preparing if t.done()]:
+            rollout = self.preparing.pop(task)
+            task.result()
+            self.new.append(rollout)
+
+    def room_waits(self) -> list[Coroutine[Any, Any, Any]]:
+        """What frees a slot: one of our instances closing, a preparation ending, or
+        (shared cap) another run giving slots back."""
+        waits: list[Coroutine[Any, Any, Any]] = [self.closer.freed_since(self.closer.freed)]
+        running = {t for t in self.preparing if not t.done()}  # a done one wakes nobody again
+        if running:
+            waits.append(asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED))
+        if self.shared is not None:
+            waits.append(self.shared.freed_since(self.shared.freed))
+        if not self.source.done:
+            waits.append(self.source.changed_since(self.source.changes))
+        return waits
+
+    async def stop_preparing(self) -> None:
+        """Cancel preparations still running. A factory call gets ``close_timeout`` of
+        grace to finish (its instance is then closed at once: the closer is shut); this
+        waits a little longer than that, and a preparation still running after it is
+        logged, not raised (teardown goes on)."""
+        self.closer.shut = True
+        if not self.preparing:
+            return
+        for task in self.preparing:
+            task.cancel()
+        try:
+            await shielded(asyncio.wait(set(self.preparing)), within=2 * self.cfg.close_timeout)
+        except TimeoutError:
+            still = sum(1 for t in self.preparing if not t.done())
+            _log.warning("%d rollout preparation(s) still running at teardown", still)
+        for task in self.preparing:
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: the run is ending for another reason
+        self.preparing.clear()
+
+
+async def first_of(
+    waits: Sequence[Coroutine[Any, Any, Any]], keep: asyncio.Future[Any] | None = None
+) -> None:
+    """Wait until ``keep`` is done or the first of ``waits`` returns; the waits left are
+    cancelled (``keep`` is not)."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait({*tasks, *([keep] if keep else [])}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def emit(rollout: Rollout, cfg: RunConfig) -> Trajectory:
+    cfg.stats.active_rollouts -= 1
+    if rollout.error is None:
+        cfg.stats.completed += 1
+    else:
+        cfg.stats.failed += 1
+    return rollout.trajectory()
