@@ -19,15 +19,17 @@ import dataclasses
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
 
+from .._shield import shielded
 from ..errors import BackendError
 from ..types import Completion, GenerationError
 
 __all__ = [
     "UpdateMode",
+    "WeightSwitch",
     "check_update",
     "check_version",
     "engine_spans",
@@ -83,6 +85,68 @@ def engine_spans(
             return ()
         out.append((version, int(span.start), int(span.end)))
     return tuple(out)
+
+
+class WeightSwitch:
+    """A backend's version and the bookkeeping of its updates: one at a time, and the
+    requests a ``mode="abort"`` update stopped are regenerated once it is done."""
+
+    def __init__(self, version: int | None, handoff_dir: str | os.PathLike[str] | None) -> None:
+        self.initial = version
+        self.version = version
+        self.aborts = 0  # how many mode="abort" updates have started
+        self._handoff_dir = handoff_dir
+        self._lock = asyncio.Lock()
+        self._resumed = asyncio.Event()  # cleared while a mode="abort" update runs
+        self._resumed.set()
+
+    async def switch(
+        self,
+        named_tensors: Iterable[tuple[str, Any]],
+        version: int,
+        mode: UpdateMode,
+        swap: Callable[[str, int, UpdateMode], Awaitable[None]],
+    ) -> None:
+        """Write the tensors to a handoff directory, then ``swap(directory, version, mode)``
+        (pause, load, resume); once started the swap runs to its end even if the caller
+        is cancelled. On success ``version`` is current; a failure raises ``BackendError``."""
+        async with self._lock, weights_file(named_tensors, self._handoff_dir) as directory:
+            await shielded(self._run(swap, directory, version, mode), within=None)
+
+    async def _run(
+        self,
+        swap: Callable[[str, int, UpdateMode], Awaitable[None]],
+        directory: str,
+        version: int,
+        mode: UpdateMode,
+    ) -> None:
+        if mode == "abort":
+            self.aborts += 1
+            self._resumed.clear()
+        try:
+            await swap(directory, version, mode)
+            self.version = version
+        except BackendError:
+            raise
+        except Exception as exc:
+            raise BackendError(
+                f"could not load weights version {version} (mode={mode!r}): "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        finally:
+            self._resumed.set()
+
+    async def regenerate(self, outcome: Completion | GenerationError, aborts: int) -> bool:
+        """Whether ``outcome`` (of a request sent when ``self.aborts`` was ``aborts``) was
+        stopped by an abort-mode update and must be sent again; waits for that update."""
+        if not (
+            isinstance(outcome, Completion)
+            and outcome.finish_reason == "abort"
+            and self.aborts != aborts
+        ):
+            return False
+        await self._resumed.wait()
+        return True
 
 
 def default_handoff_dir() -> Path | None:

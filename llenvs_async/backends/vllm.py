@@ -13,8 +13,9 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import os
 import uuid
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from .._resource import AsyncResource
@@ -31,7 +32,7 @@ from ._vllm_compat import (
     to_completion,
     tokens_prompt_factory,
 )
-from ._weights import check_version
+from ._weights import UpdateMode, WeightSwitch, check_update, check_version
 
 __all__ = ["EngineLike", "VLLMBackend"]
 
@@ -71,6 +72,7 @@ class VLLMBackend(AsyncResource):
         tokenizer: Any = None,
         abort_timeout: float = 10.0,
         policy_version: int | None = 0,
+        handoff_dir: str | os.PathLike[str] | None = None,
         **engine_kwargs: Any,
     ) -> None:
         check_version(policy_version, owner="VLLMBackend")
@@ -88,8 +90,7 @@ class VLLMBackend(AsyncResource):
         )
         self._tokenizer = tokenizer
         self._abort_timeout = abort_timeout
-        self._initial_version = policy_version
-        self._version = policy_version
+        self._weights = WeightSwitch(policy_version, handoff_dir)
         self._closed = False
 
     @classmethod
@@ -100,6 +101,7 @@ class VLLMBackend(AsyncResource):
         tokenizer: Any = None,
         abort_timeout: float = 10.0,
         policy_version: int | None = 0,
+        handoff_dir: str | os.PathLike[str] | None = None,
         **engine_kwargs: Any,
     ) -> VLLMBackend:
         """Build and own an ``AsyncLLM`` from ``AsyncEngineArgs(model=model, **engine_kwargs)``."""
@@ -108,6 +110,7 @@ class VLLMBackend(AsyncResource):
             tokenizer=tokenizer,
             abort_timeout=abort_timeout,
             policy_version=policy_version,
+            handoff_dir=handoff_dir,
             **engine_kwargs,
         )
 
@@ -118,7 +121,7 @@ class VLLMBackend(AsyncResource):
     @property
     def policy_version(self) -> int | None:
         """The weights' version: completions finishing now are tagged with it."""
-        return self._version
+        return self._weights.version
 
     async def generate(
         self, requests: Sequence[GenerationRequest], params: SamplingParams
@@ -185,7 +188,24 @@ class VLLMBackend(AsyncResource):
         except BackendError as exc:
             return GenerationError(error=exc, request_index=index)
         sampling_params = make_sampling_params(params, request.seed)
-        request_id = f"llenvs-{uuid.uuid4().hex}"
+        while True:
+            aborts = self._weights.aborts
+            request_id = f"llenvs-{uuid.uuid4().hex}"
+            outcome = await self._submit(index, request, prompt, sampling_params, request_id)
+            # Stopped by update_weights(mode="abort"): sent again under the new weights (the
+            # caller never sees the aborted attempt).
+            if not await self._weights.regenerate(outcome, aborts):
+                return outcome
+
+    async def _submit(
+        self,
+        index: int,
+        request: GenerationRequest,
+        prompt: Any,
+        sampling_params: Any,
+        request_id: str,
+    ) -> Completion | GenerationError:
+        """One attempt: drain the request's stream to its final output."""
         final: Any = None
         try:
             stream = self._engine.generate(prompt, sampling_params, request_id)
@@ -209,8 +229,46 @@ class VLLMBackend(AsyncResource):
         if final is None:
             raise BackendError(f"vLLM request {request_id} produced no output")
         return to_completion(
-            final, request_id, version=self._version, initial_version=self._initial_version
+            final, request_id, version=self._weights.version, initial_version=self._weights.initial
         )
+
+    async def update_weights(
+        self, named_tensors: Iterable[tuple[str, Any]], *, version: int, mode: UpdateMode = "keep"
+    ) -> None:
+        """Load ``named_tensors`` (HF checkpoint names, e.g. a transformers model's
+        ``named_parameters()``: pass every weight) into the engine and make ``version`` current.
+
+        The engine is paused with ``pause_generation(mode=mode)``: ``keep`` freezes requests
+        in flight, which then continue under the new weights (their completions get both
+        versions in ``version_spans``); ``wait`` lets them finish under the old weights
+        first; ``abort`` stops them, and ``generate`` resubmits them (same prompt and seed)
+        once the new weights are in, so every call still returns every completion. New
+        requests queue during the update. After loading, the prefix cache is reset and
+        running requests are preempted, so no KV computed by the old weights is reused
+        (a kept request recomputes its prefix under the new weights).
+
+        Route (CPU and GPU alike): the tensors are written to a safetensors file in a fresh
+        directory (``handoff_dir``, default ``/dev/shm``) and the worker's stock
+        ``reload_weights(weights_path=...)`` loads them with the model's ``load_weights``.
+        ``collective_rpc`` cannot carry tensors to the worker process itself (vLLM's msgpack
+        only rebuilds tensors in typed fields), and the shipped IPC/NCCL transfer engines
+        need CUDA. Once the engine is paused the swap runs to its end even if the caller
+        is cancelled; a failed load resumes the engine on the old version and raises.
+        """
+        check_update(mode, version, owner="VLLMBackend")
+        if self._closed:
+            raise ClosedError("VLLMBackend")
+        await self._weights.switch(named_tensors, version, mode, self._engine_swap)
+
+    async def _engine_swap(self, directory: str, version: int, mode: UpdateMode) -> None:
+        engine = _updatable(self._engine)
+        await engine.pause_generation(mode=mode, clear_cache=False)
+        try:
+            await engine.collective_rpc("reload_weights", kwargs={"weights_path": directory})
+            await engine.reset_prefix_cache(reset_running_requests=True)
+            await engine.update_weight_version(str(version))
+        finally:
+            await engine.resume_generation()
 
     async def _abort(self, request_id: str) -> None:
         """Abort in the engine, shielded from cancellation and bounded by ``abort_timeout``."""
@@ -230,6 +288,18 @@ class VLLMBackend(AsyncResource):
         self._closed = True
         if self._owns_engine:
             self._engine.shutdown()
+
+
+def _updatable(engine: Any) -> Any:
+    """The engine, if it has the pause / reload API of vLLM's ``AsyncLLM`` (>= 0.16)."""
+    needed = ("pause_generation", "resume_generation", "collective_rpc", "update_weight_version")
+    missing = [name for name in needed if not callable(getattr(engine, name, None))]
+    if missing:
+        raise BackendError(
+            f"VLLMBackend.update_weights needs an AsyncLLM with {', '.join(needed)}; "
+            f"{type(engine).__name__} lacks {', '.join(missing)}"
+        )
+    return engine
 
 
 def _describe(index: int, request: GenerationRequest) -> str:
