@@ -27,7 +27,7 @@ from ._common import Result, Target, bench_main, make_result, table
 __all__ = ["main", "run"]
 
 FULL: dict[str, Any] = {"steps": 12, "repeats": 2, "eval_episodes": 16}
-QUICK: dict[str, Any] = {"steps": 3, "repeats": 1, "eval_episodes": 8}
+QUICK: dict[str, Any] = {"steps": 2, "repeats": 1, "eval_episodes": 4}
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_tiny_rl.py"
 SIDES = ("synchronous", "overlapped")
 

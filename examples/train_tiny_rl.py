@@ -77,7 +77,7 @@ class Config:
 
     @classmethod
     def quick(cls) -> Config:
-        return cls(steps=10, eval_episodes=96)
+        return cls(steps=8, eval_episodes=64, value_rollouts=8)
 
 
 @dataclass
