@@ -28,7 +28,7 @@ async def shielded(work: Awaitable[T], *, within: float | None, grace: float | N
         async with asyncio.timeout(within):
             return await work
 
-    task = asyncio.ensure_future(bounded())
+    task = asyncio.ensure_future(work if within is None else bounded())
     loop = asyncio.get_running_loop()
     deadline: float | None = None
     cancelled: asyncio.CancelledError | None = None

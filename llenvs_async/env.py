@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import uuid
+import os
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Protocol, runtime_checkable
@@ -54,7 +54,8 @@ RestoreFn = Callable[[Environment, State], Awaitable[State]]
 
 
 def new_episode_id() -> str:
-    return uuid.uuid4().hex[:16]
+    """16 random hex digits (``uuid4().hex[:16]``'s format, a few times cheaper)."""
+    return os.urandom(8).hex()
 
 
 class BaseEnvironment(AsyncResource):

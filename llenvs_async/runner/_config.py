@@ -14,7 +14,13 @@ from ._rollout import PromptBuilder
 if TYPE_CHECKING:
     from ._tokens import TokenPrompts
 
-__all__ = ["RunConfig", "RunnerStats"]
+__all__ = ["COALESCE_WINDOW", "RunConfig", "RunnerStats"]
+
+# The async schedule holds a ready request this long for others to join its generate call:
+# short next to an engine's forward pass (~10-50 ms per decode step on a GPU, more on CPU)
+# and a container step (~ms), long enough to catch the requests of steps that end in the
+# same burst. It flushes at once when no rollout is stepping, so waits are rarely full.
+COALESCE_WINDOW = 0.002
 
 
 @dataclass(slots=True)
@@ -59,6 +65,7 @@ class RunConfig:
     stats: RunnerStats
     tokens: TokenPrompts | None = None  # token mode
     tools: tuple[Mapping[str, Any], ...] = ()  # offered to the model on every request
+    coalesce_window: float = COALESCE_WINDOW  # the async schedule's batching window (s)
 
     @property
     def multi_instance(self) -> bool:

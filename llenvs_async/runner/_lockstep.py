@@ -16,9 +16,10 @@ from ._slots import Slots
 from ._source import InputSource
 from ._tokens import token_mismatch
 
-__all__ = ["Schedule", "run_rollouts"]
+__all__ = ["SCHEDULES", "Schedule", "generate_actions", "run_rollouts", "step_rollout"]
 
-Schedule = Literal["refill", "chunks"]
+Schedule = Literal["refill", "chunks", "async"]
+SCHEDULES: tuple[Schedule, ...] = ("refill", "chunks", "async")
 
 
 async def run_rollouts(
@@ -115,7 +116,7 @@ async def _round(active: Sequence[Rollout], cfg: RunConfig, closer: Closer) -> N
             closer.close(rollout)
     needing = [r for r in active if r.pending_action is None and not r.finished]
     if needing:
-        await _generate(needing, cfg)
+        await generate_actions(needing, cfg)
         for rollout in needing:
             if rollout.finished:  # failed or over the context in generate: its slot frees
                 closer.close(rollout)  # only once its instance is closed
@@ -124,7 +125,7 @@ async def _round(active: Sequence[Rollout], cfg: RunConfig, closer: Closer) -> N
         # asyncio's TaskGroup: ~3x cheaper per task than anyio's, and this is the hot path.
         async with asyncio.TaskGroup() as tg:
             for rollout in stepping:
-                tg.create_task(_step(rollout, cfg, closer))
+                tg.create_task(step_rollout(rollout, cfg, closer))
     except BaseExceptionGroup as group:
         raise _first(group) from None
     if cfg.tokens is not None:  # one batch for the round's new observation turns
@@ -134,7 +135,7 @@ async def _round(active: Sequence[Rollout], cfg: RunConfig, closer: Closer) -> N
                 closer.close(rollout)
 
 
-async def _generate(rollouts: Sequence[Rollout], cfg: RunConfig) -> None:
+async def generate_actions(rollouts: Sequence[Rollout], cfg: RunConfig) -> None:
     """One backend call for every rollout that needs an action. A raised error fails them
     all; a ``GenerationError`` in a request's place fails (or, over the context window,
     stops) that rollout alone.
@@ -170,7 +171,7 @@ async def _generate(rollouts: Sequence[Rollout], cfg: RunConfig) -> None:
         rollout.pending_completion = completion
 
 
-async def _step(rollout: Rollout, cfg: RunConfig, closer: Closer) -> None:
+async def step_rollout(rollout: Rollout, cfg: RunConfig, closer: Closer) -> None:
     env, state, action = rollout.env, rollout.state, rollout.pending_action
     assert env is not None and state is not None and action is not None
     completion, rollout.pending_action, rollout.pending_completion = (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from .._shield import shielded
@@ -35,14 +35,25 @@ class Run:
         self.started: list[Rollout] = []
         self.active: list[Rollout] = []
         self.new: list[Rollout] = []  # prepared: they join the next round
+        self.driving = 0  # the async schedule's running rollouts (not kept in ``active``)
         self.preparing: dict[asyncio.Task[None], Rollout] = {}
-        self.closer = Closer(cfg, on_freed=self.report)
+        self.closer = Closer(cfg, on_freed=self.freed)
+        self.on_change: Callable[[], None] | None = None  # a slot freed or an input ready
 
     def live(self) -> int:
         """Rollouts holding (or about to hold) an instance, closing ones included."""
         busy = sum(1 for r in self.active if not r.finished)
         busy += sum(1 for r in self.new if not r.finished)
-        return busy + len(self.preparing) + self.closer.closing
+        return busy + self.driving + len(self.preparing) + self.closer.closing
+
+    def freed(self) -> None:
+        self.report()
+        if self.on_change is not None:
+            self.on_change()
+
+    def _prepared(self, _: asyncio.Task[None]) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     def report(self) -> None:
         if self.shared is not None:
@@ -66,6 +77,7 @@ class Run:
         loop = asyncio.get_running_loop()
         for rollout in self.take(self.room()):
             task = loop.create_task(prepare_one(rollout, self.cfg, self.closer))
+            task.add_done_callback(self._prepared)
             self.preparing[task] = rollout
         self.report()
 

@@ -13,8 +13,9 @@ from ..backends.base import Backend
 from ..env import EnvFactory, Environment, RestoreFn, replay_restore
 from ..errors import ClosedError
 from ..types import Action, SamplingParams, State, Trajectory
-from ._config import RunConfig, RunnerStats
-from ._lockstep import Schedule, run_rollouts
+from ._async import run_async
+from ._config import COALESCE_WINDOW, RunConfig, RunnerStats
+from ._lockstep import SCHEDULES, Schedule, run_rollouts
 from ._rollout import PromptBuilder, RolloutInput
 from ._slots import Slots
 from ._source import InputSource, SpecSource
@@ -25,8 +26,9 @@ __all__ = ["TrajectoryRunner"]
 
 
 class TrajectoryRunner(AsyncResource):
-    """Runs batches of rollouts in lockstep: one batched ``generate`` per round, then all
-    environment steps concurrently.
+    """Runs batches of rollouts: in lockstep (``schedule="refill"``/``"chunks"``: one
+    batched ``generate`` per round, then all environment steps concurrently) or without a
+    round barrier (``"async"``: coalesced generate calls, see ``runner._async``).
 
     Non-pure environments with an ``env_factory`` get one fresh instance per rollout,
     restored with ``restore_fn`` (default ``replay_restore``); pure environments serve
@@ -63,6 +65,7 @@ class TrajectoryRunner(AsyncResource):
         token_mode: bool = False,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         tools: Sequence[Mapping[str, Any]] = (),
+        coalesce_window: float = COALESCE_WINDOW,
     ) -> None:
         if not hasattr(environment, "step") or not hasattr(environment, "reset"):
             raise TypeError(
@@ -79,6 +82,11 @@ class TrajectoryRunner(AsyncResource):
         _check_positive("close_timeout", close_timeout)
         _check_schedule(schedule)
         _check_positive("instance_limit", instance_limit)
+        if isinstance(coalesce_window, bool) or not isinstance(coalesce_window, int | float):
+            raise TypeError(f"coalesce_window must be a number, got {coalesce_window!r}")
+        if coalesce_window < 0:
+            raise ValueError(f"coalesce_window must be >= 0 seconds, got {coalesce_window!r}")
+        self.coalesce_window = float(coalesce_window)
         self.tools = _check_tools(tools)
         self.tokens: TokenPrompts | None = None
         if token_mode:
@@ -291,13 +299,13 @@ class TrajectoryRunner(AsyncResource):
         cfg = self._config(max_steps)
         if not self.environment.pure_step and self.env_factory is None:
             # One shared stateful instance: one rollout at a time, one run at a time.
-            one = run_rollouts(source, cfg, 1, schedule)
+            one = _scheduler(source, cfg, 1, schedule, None)
             async with self._shared_env_lock, contextlib.aclosing(one) as it:
                 async for trajectory in it:
                     yield trajectory
             return
         shared = self.instance_slots if cfg.multi_instance else None
-        rollouts = run_rollouts(source, cfg, batch_size, schedule, shared)
+        rollouts = _scheduler(source, cfg, batch_size, schedule, shared)
         async with contextlib.aclosing(rollouts) as it:
             async for trajectory in it:
                 yield trajectory
@@ -318,7 +326,16 @@ class TrajectoryRunner(AsyncResource):
             stats=self.stats,
             tokens=self.tokens,
             tools=self.tools,
+            coalesce_window=self.coalesce_window,
         )
+
+
+def _scheduler(
+    source: InputSource, cfg: RunConfig, limit: int, schedule: Schedule, shared: Slots | None
+) -> AsyncGenerator[Trajectory, None]:
+    if schedule == "async":
+        return run_async(source, cfg, limit, shared)
+    return run_rollouts(source, cfg, limit, schedule, shared)
 
 
 def _attach_finished(exc: BaseException, done: list[Trajectory], total: int) -> None:
@@ -348,8 +365,8 @@ def _check_tools(tools: Sequence[Mapping[str, Any]]) -> tuple[Mapping[str, Any],
 
 
 def _check_schedule(schedule: Any) -> Schedule:
-    if schedule not in ("refill", "chunks"):
-        raise ValueError(f"schedule must be 'refill' or 'chunks', got {schedule!r}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be 'refill', 'chunks' or 'async', got {schedule!r}")
     return schedule  # type: ignore[no-any-return]
 
 

@@ -32,6 +32,11 @@ class InputSource:
     def done(self) -> bool:
         raise NotImplementedError
 
+    @property
+    def static(self) -> bool:
+        """True when ``available`` changes only by ``take`` (no waiting is ever needed)."""
+        return False
+
     def changed(self) -> None:
         self.changes += 1
         self._event.set()
@@ -60,3 +65,7 @@ class SpecSource(InputSource):
     @property
     def done(self) -> bool:
         return not self._pending
+
+    @property
+    def static(self) -> bool:
+        return True

@@ -82,7 +82,7 @@ class _Down:
         return None
 
 
-@pytest.mark.parametrize("schedule", ["refill", "chunks"])
+@pytest.mark.parametrize("schedule", ["refill", "chunks", "async"])
 @pytest.mark.parametrize("raise_", [True, False], ids=["round", "per-request"])
 async def test_rollouts_failed_in_generate_free_their_slot_only_once_closed(
     counter_factory, tracker, schedule, raise_

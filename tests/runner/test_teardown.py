@@ -311,7 +311,7 @@ async def test_closed_after_an_anyio_cancel_scope_expires(tracker) -> None:  # t
     assert tracker.created == 4 and tracker.live == 0 and runner.stats.live_instances == 0
 
 
-@pytest.mark.parametrize("schedule", ["refill", "chunks"])
+@pytest.mark.parametrize("schedule", ["refill", "chunks", "async"])
 async def test_a_reset_leaking_cancelled_error_is_a_recorded_failure(schedule) -> None:  # type: ignore[no-untyped-def]
     """Nobody cancelled the run: a CancelledError out of reset is that rollout's failure."""
 

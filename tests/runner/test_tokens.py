@@ -283,11 +283,13 @@ async def test_non_pure_restore_keeps_the_saved_prefix(tok: ChatMLTokenizer) -> 
     assert again.token_record() is not None and again.token_record().logprobs is None  # type: ignore[union-attr]
 
 
-async def test_batch_of_rollouts_each_exact(tok: ChatMLTokenizer) -> None:
+@pytest.mark.parametrize("schedule", ["refill", "async"])
+async def test_batch_of_rollouts_each_exact(tok: ChatMLTokenizer, schedule: str) -> None:
     policy = TokenPolicy(tok)
     runner = make_runner(policy, tok)
-    trajs = await runner.run_batch([0, 1, 2, 3], batch_size=2)
-    assert runner.stats.generate_calls == runner.stats.rounds
+    trajs = await runner.run_batch([0, 1, 2, 3], batch_size=2, schedule=schedule)  # type: ignore[arg-type]
+    if schedule == "refill":
+        assert runner.stats.generate_calls == runner.stats.rounds
     for i, traj in enumerate(trajs):
         assert traj.error is None
         assert_token_exact(traj, policy.by_rollout(i))

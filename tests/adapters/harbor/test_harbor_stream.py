@@ -19,8 +19,9 @@ pytestmark = pytest.mark.docker
 TASK = "csv-totals"
 
 
+@pytest.mark.parametrize("schedule", ["refill", "async"])
 async def test_a_stream_from_a_saved_state_cancelled_leaves_no_container(
-    adapter: HarborAdapter, docker_engine: DockerEngine
+    adapter: HarborAdapter, docker_engine: DockerEngine, schedule: str
 ) -> None:
     async def env_factory() -> HarborEnvironment:
         return await adapter.get_environment(EXAMPLES, max_steps=20)
@@ -46,7 +47,12 @@ async def test_a_stream_from_a_saved_state_cancelled_leaves_no_container(
     ) as runner:
 
         async def consume() -> None:
-            async with runner.stream(endless(), group_size=2, batch_size=3) as stream:
+            async with runner.stream(
+                endless(),
+                group_size=2,
+                batch_size=3,
+                schedule=schedule,  # type: ignore[arg-type]
+            ) as stream:
                 async for group in stream:
                     groups.append(group)
                     got.set()

@@ -1,0 +1,214 @@
+"""The async schedule: no round barrier. Each rollout generates as soon as its last step
+returned; requests that become ready close together share one ``generate`` call.
+
+Every rollout runs in its own task (a driver) for its whole life: generate, step, repeat.
+The ``Batcher`` holds a ready request for at most ``coalesce_window`` seconds so that
+others becoming ready meanwhile join its call, and flushes at once when no rollout is
+stepping (nobody else could join). Slots, preparation, refill and background teardown
+are the lockstep scheduler's (``Run``); generate and step are its functions too, so every
+failure is recorded the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import AsyncGenerator, Coroutine
+from typing import Any
+
+from .._shield import shielded
+from ..types import Trajectory
+from ._config import RunConfig
+from ._instances import Closer
+from ._lockstep import generate_actions, step_rollout
+from ._rollout import Rollout
+from ._run import Run, emit, first_of
+from ._slots import Slots
+from ._source import InputSource
+
+__all__ = ["Batcher", "run_async"]
+
+_log = logging.getLogger("llenvs_async.runner")
+
+
+class Batcher:
+    """Coalesces generate requests into backend calls (several calls may be in flight)."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.window = cfg.coalesce_window
+        self.busy = 0  # drivers that may still ask: stepping, or about to
+        self._waiting: list[tuple[Rollout, asyncio.Future[None]]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self.calls: set[asyncio.Task[None]] = set()
+
+    async def generate(self, rollout: Rollout) -> None:
+        """Give ``rollout`` its next action (or record why it has none)."""
+        future = asyncio.get_running_loop().create_future()
+        entry = (rollout, future)
+        self._waiting.append(entry)
+        self.busy -= 1
+        if self.busy <= 0:
+            self.flush()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.window, self.flush)
+        try:
+            await future
+        except asyncio.CancelledError:
+            if entry in self._waiting:  # not sent yet: it will not be
+                self._waiting.remove(entry)
+                self.busy += 1
+            raise
+
+    def left(self) -> None:
+        """A driver ended: if everyone else is waiting, nobody else will join."""
+        self.busy -= 1
+        if self.busy <= 0 and self._waiting:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._waiting:
+            return
+        batch, self._waiting = self._waiting, []
+        task = asyncio.get_running_loop().create_task(self._call(batch))
+        self.calls.add(task)
+        task.add_done_callback(self.calls.discard)
+
+    async def _call(self, batch: list[tuple[Rollout, asyncio.Future[None]]]) -> None:
+        try:
+            await generate_actions([rollout for rollout, _ in batch], self.cfg)
+        except BaseException as exc:  # a programming error or a cancellation: to the drivers
+            self.busy += len(batch)
+            for _, future in batch:
+                if not future.done():
+                    if isinstance(exc, asyncio.CancelledError):
+                        future.cancel()
+                    else:
+                        future.set_exception(exc)
+            return
+        # Counted busy before any of them resumes: the first to ask again must wait for
+        # its batch-mates, not flush alone.
+        self.busy += len(batch)
+        for _, future in batch:
+            if not future.done():
+                future.set_result(None)
+
+    async def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        for task in self.calls:
+            task.cancel()
+        if self.calls:
+            await asyncio.wait(set(self.calls))
+
+
+async def _drive(rollout: Rollout, cfg: RunConfig, batcher: Batcher, closer: Closer) -> None:
+    """One rollout from its start state to its end: generate, step, repeat."""
+    tokens = cfg.tokens
+    try:
+        if tokens is not None:
+            await tokens.start([rollout], cfg.system_prompt)
+        while not rollout.finished:
+            if rollout.pending_action is None:
+                await batcher.generate(rollout)
+                if rollout.finished:  # failed or over the context window in generate
+                    break
+            await step_rollout(rollout, cfg, closer)
+            if tokens is not None:
+                await tokens.extend([rollout])
+    finally:
+        batcher.left()
+        if rollout.finished:
+            closer.close(rollout)  # in the background; idempotent
+
+
+async def run_async(
+    source: InputSource, cfg: RunConfig, limit: int, shared: Slots | None = None
+) -> AsyncGenerator[Trajectory, None]:
+    """Like ``run_rollouts`` (same slots, refill, teardown, yields as rollouts finish) with
+    the async schedule. Drivers are plain tasks, none open across a ``yield``; ``finally``
+    cancels them, stops preparations and closes every instance, shielded and bounded."""
+    run = Run(source, cfg, limit, shared)
+    batcher = Batcher(cfg)
+    loop = asyncio.get_running_loop()
+    wake = asyncio.Event()
+    drivers: dict[asyncio.Task[None], Rollout] = {}
+    ended: deque[asyncio.Task[None]] = deque()
+    emitted = 0
+
+    def on_end(task: asyncio.Task[None]) -> None:
+        ended.append(task)
+        wake.set()
+
+    run.on_change = wake.set
+    try:
+        while not source.done or drivers or run.preparing:
+            while ended:  # emitted before their slots are refilled
+                task = ended.popleft()
+                rollout = drivers.pop(task)
+                run.driving -= 1
+                task.result()  # a programming error propagates
+                emitted += 1
+                yield emit(rollout, cfg)
+            run.spawn()
+            run.harvest()
+            ready, run.new = run.new, []
+            for rollout in ready:
+                if rollout.finished:  # failed in restore, or nothing to step
+                    emitted += 1
+                    yield emit(rollout, cfg)
+                    continue
+                batcher.busy += 1
+                task = loop.create_task(_drive(rollout, cfg, batcher, run.closer))
+                drivers[task] = rollout
+                run.driving += 1
+                task.add_done_callback(on_end)
+            if source.done and not drivers and not run.preparing:
+                break
+            if not ended and not run.new and not _prepared(run):
+                wake.clear()
+                if run.shared is None and (source.done or source.static):
+                    await wake.wait()  # the common case: no helper tasks per wake-up
+                    continue
+                waits: list[Coroutine[Any, Any, Any]] = [wake.wait()]
+                if run.shared is not None:
+                    waits.append(run.shared.freed_since(run.shared.freed))
+                if not source.done:
+                    waits.append(source.changed_since(source.changes))
+                await first_of(waits)
+    finally:
+        cfg.stats.active_rollouts -= len(run.started) - emitted
+        try:
+            await _stop(drivers, batcher, cfg)
+            await run.stop_preparing()
+        finally:
+            await run.closer.drain(run.started)
+            if shared is not None:
+                shared.release(id(run))
+
+
+def _prepared(run: Run) -> bool:
+    return any(task.done() for task in run.preparing)
+
+
+async def _stop(
+    drivers: dict[asyncio.Task[None], Rollout], batcher: Batcher, cfg: RunConfig
+) -> None:
+    """Cancel every driver and generate call still running (bounded, shielded)."""
+    running = [task for task in drivers if not task.done()]
+    for task in running:
+        task.cancel()
+    try:
+        await shielded(batcher.stop(), within=cfg.close_timeout)
+        if running:
+            await shielded(asyncio.wait(running), within=2 * cfg.close_timeout)
+    except TimeoutError:
+        still = sum(1 for t in running if not t.done())
+        _log.warning("%d rollout(s) still running at teardown", still)
+    for task in drivers:
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved: the run is ending for another reason
