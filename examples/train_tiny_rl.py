@@ -170,10 +170,6 @@ class Policy:
             terms.append(torch.minimum(ratio * a, clipped * a))
         return _step(self.optimizer, -torch.cat(terms).mean())
 
-    def named_tensors(self) -> list[tuple[str, Any]]:
-        """A detached copy of the weights (what the engine loads) taken between steps."""
-        return [(n, p.detach().clone()) for n, p in self.model.named_parameters()]
-
 
 def _step(optimizer: Any, loss: Any) -> float:
     optimizer.zero_grad()
@@ -263,7 +259,7 @@ async def train(
         runner = TrajectoryRunner(env, backend, params, prompt_builder=markov_prompt)
         observations = [ChainEnv._describe(p, LENGTH) for p in range(LENGTH)]
         await asyncio.to_thread(policy.warm_up, observations)
-        await backend.update_weights(policy.named_tensors(), version=version, mode="wait")
+        await backend.update_weights(policy.model.named_parameters(), version=version, mode="wait")
         before = await success_rate(runner, cfg.eval_episodes)
         result = RunResult(estimator, before, math.nan, cfg.eval_episodes)
         if verbose:
@@ -300,7 +296,8 @@ async def train(
                 t2 = time.monotonic()
                 version += 1
                 mode = "keep" if overlap else "wait"
-                await backend.update_weights(policy.named_tensors(), version=version, mode=mode)
+                weights = policy.model.named_parameters()
+                await backend.update_weights(weights, version=version, mode=mode)
                 t3 = time.monotonic()
                 log = StepLog(
                     step=step,
