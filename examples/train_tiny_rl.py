@@ -317,7 +317,9 @@ async def train(
                         f"  rollouts {rollouts:5d}  {log.seconds:6.1f}s",
                         flush=True,
                     )
-        result.max_staleness_seen = max(s.staleness for s in result.steps)
+        # Ours (per batch) and the stream's own counter (per group) must agree on the bound.
+        seen = [s.staleness for s in result.steps]
+        result.max_staleness_seen = max(seen + [stream.stats.max_staleness_seen] * overlap)
         result.discarded_stale = stream.stats.discarded_stale
         result.after = await success_rate(runner, cfg.eval_episodes)
     return result
