@@ -118,3 +118,17 @@ async def test_weights_file_copies_tensors_and_cleans_up() -> None:
     with pytest.raises(TypeError, match=r"\(str, torch.Tensor\)"):
         async with weights_file([("w", [1.0])], None):
             pass
+
+
+async def test_vllm_update_needs_an_engine_with_the_pause_api() -> None:
+    pytest.importorskip("torch")
+    import torch
+
+    from llenvs_async.backends.vllm import VLLMBackend
+    from llenvs_async.errors import BackendError
+    from llenvs_async.testing.fake_vllm import FakeAsyncLLM
+
+    backend = VLLMBackend(FakeAsyncLLM())
+    with pytest.raises(BackendError, match="lacks pause_generation"):
+        await backend.update_weights([("w", torch.ones(1))], version=1)
+    assert backend.policy_version == 0
