@@ -278,8 +278,12 @@ def run(quick: bool = False) -> Result:
         notes=[
             f"Engine model: calls served one at a time, each {p['generate_base_s'] * 1e3:g} ms "
             f"+ {p['generate_per_request_s'] * 1e3:g} ms per request.",
-            f"Sum over rollouts of their slowest step: {slowest_sum:.1f} s (a lockstep round "
-            "lasts as long as its slowest member's step).",
+            f"A lockstep round lasts as long as its slowest member's step: with "
+            f"{p['batch_size']} rollouts live nearly every round holds a slow step "
+            f"(sum of the slowest step of each rollout: {slowest_sum:.1f} s).",
+            "Framework cost: CPU time (time.process_time) of the whole batch, factory, "
+            "restore and teardown included, divided by rollout-steps; the floor is "
+            "benchmarks.baselines.floor_lockstep on the same CounterEnv and backend.",
         ],
         data={"samples": samples, "step_cost_us": {str(b): us for b, us in cost.items()}},
     )

@@ -1,12 +1,13 @@
 """The async schedule: no round barrier. Each rollout generates as soon as its last step
 returned; requests that become ready close together share one ``generate`` call.
 
-Every rollout runs in its own task (a driver) for its whole life: generate, step, repeat.
-The ``Batcher`` holds a ready request for at most ``coalesce_window`` seconds so that
-others becoming ready meanwhile join its call, and flushes at once when no rollout is
-stepping (nobody else could join). Slots, preparation, refill and background teardown
-are the lockstep scheduler's (``Run``); generate and step are its functions too, so every
-failure is recorded the same way.
+Every rollout runs in one task (a driver) for its whole life: prepare (instance, restore),
+then generate, step, repeat. The ``Batcher`` holds a ready request for at most
+``coalesce_window`` seconds so that others becoming ready meanwhile join its call, and
+flushes at once when no rollout is busy (preparing or stepping: nobody else could join).
+Slots, refill, preparation and background teardown are the lockstep scheduler's (``Run``,
+``prepare_one``, ``Closer``); generate and step are its functions too, so caps and failure
+recording are the same.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 from .._shield import shielded
 from ..types import Trajectory
 from ._config import RunConfig
-from ._instances import Closer
+from ._instances import Closer, prepare_one
 from ._lockstep import generate_actions, step_rollout
 from ._rollout import Rollout
 from ._run import Run, emit, first_of
@@ -42,6 +43,7 @@ class Batcher:
         self._waiting: list[tuple[Rollout, asyncio.Future[None]]] = []
         self._timer: asyncio.TimerHandle | None = None
         self.calls: set[asyncio.Task[None]] = set()
+        self.stopped = False
 
     async def generate(self, rollout: Rollout) -> None:
         """Give ``rollout`` its next action (or record why it has none)."""
@@ -71,7 +73,7 @@ class Batcher:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if not self._waiting:
+        if not self._waiting or self.stopped:
             return
         batch, self._waiting = self._waiting, []
         task = asyncio.get_running_loop().create_task(self._call(batch))
@@ -97,20 +99,23 @@ class Batcher:
             if not future.done():
                 future.set_result(None)
 
-    async def stop(self) -> None:
+    def stop(self) -> set[asyncio.Task[None]]:
+        """Cancel the calls in flight (returned, to be awaited); nothing is sent after this."""
+        self.stopped = True
         if self._timer is not None:
             self._timer.cancel()
         for task in self.calls:
             task.cancel()
-        if self.calls:
-            await asyncio.wait(set(self.calls))
+        return set(self.calls)
 
 
-async def _drive(rollout: Rollout, cfg: RunConfig, batcher: Batcher, closer: Closer) -> None:
-    """One rollout from its start state to its end: generate, step, repeat."""
-    tokens = cfg.tokens
+async def _drive(rollout: Rollout, cfg: RunConfig, batcher: Batcher, run: Run) -> None:
+    """One rollout in one task: its instance and start state, then generate, step, repeat.
+    Counted busy from its creation: a rollout still being prepared may ask soon."""
+    tokens, closer = cfg.tokens, run.closer
     try:
-        if tokens is not None:
+        await prepare_one(rollout, cfg, closer)  # a failure is recorded (and closed) there
+        if tokens is not None and not rollout.finished:
             await tokens.start([rollout], cfg.system_prompt)
         while not rollout.finished:
             if rollout.pending_action is None:
@@ -122,6 +127,7 @@ async def _drive(rollout: Rollout, cfg: RunConfig, batcher: Batcher, closer: Clo
                 await tokens.extend([rollout])
     finally:
         batcher.left()
+        run.driving -= 1  # now, not when the loop sees it: its instance counts as closing
         if rollout.finished:
             closer.close(rollout)  # in the background; idempotent
 
@@ -131,7 +137,7 @@ async def run_async(
 ) -> AsyncGenerator[Trajectory, None]:
     """Like ``run_rollouts`` (same slots, refill, teardown, yields as rollouts finish) with
     the async schedule. Drivers are plain tasks, none open across a ``yield``; ``finally``
-    cancels them, stops preparations and closes every instance, shielded and bounded."""
+    cancels them and closes every instance, shielded and bounded."""
     run = Run(source, cfg, limit, shared)
     batcher = Batcher(cfg)
     loop = asyncio.get_running_loop()
@@ -144,32 +150,25 @@ async def run_async(
         ended.append(task)
         wake.set()
 
-    run.on_change = wake.set
+    run.on_change = wake.set  # an instance closed: its slot is free
     try:
-        while not source.done or drivers or run.preparing:
+        while True:
             while ended:  # emitted before their slots are refilled
                 task = ended.popleft()
                 rollout = drivers.pop(task)
-                run.driving -= 1
                 task.result()  # a programming error propagates
                 emitted += 1
                 yield emit(rollout, cfg)
-            run.spawn()
-            run.harvest()
-            ready, run.new = run.new, []
-            for rollout in ready:
-                if rollout.finished:  # failed in restore, or nothing to step
-                    emitted += 1
-                    yield emit(rollout, cfg)
-                    continue
+            for rollout in run.fill():
                 batcher.busy += 1
-                task = loop.create_task(_drive(rollout, cfg, batcher, run.closer))
+                task = loop.create_task(_drive(rollout, cfg, batcher, run))
                 drivers[task] = rollout
                 run.driving += 1
                 task.add_done_callback(on_end)
-            if source.done and not drivers and not run.preparing:
+            run.report()
+            if source.done and not drivers:
                 break
-            if not ended and not run.new and not _prepared(run):
+            if not ended:
                 wake.clear()
                 if run.shared is None and (source.done or source.static):
                     await wake.wait()  # the common case: no helper tasks per wake-up
@@ -183,29 +182,27 @@ async def run_async(
     finally:
         cfg.stats.active_rollouts -= len(run.started) - emitted
         try:
-            await _stop(drivers, batcher, cfg)
-            await run.stop_preparing()
+            await _stop(drivers, batcher, run.closer, cfg)
         finally:
             await run.closer.drain(run.started)
             if shared is not None:
                 shared.release(id(run))
 
 
-def _prepared(run: Run) -> bool:
-    return any(task.done() for task in run.preparing)
-
-
 async def _stop(
-    drivers: dict[asyncio.Task[None], Rollout], batcher: Batcher, cfg: RunConfig
+    drivers: dict[asyncio.Task[None], Rollout], batcher: Batcher, closer: Closer, cfg: RunConfig
 ) -> None:
-    """Cancel every driver and generate call still running (bounded, shielded)."""
+    """Cancel every driver and generate call still running (bounded, shielded). A driver
+    inside the factory gets ``close_timeout`` of grace (``prepare_one``); an instance
+    made after this is closed at once (the closer is shut)."""
+    closer.shut = True
     running = [task for task in drivers if not task.done()]
+    calls = batcher.stop()  # first: a driver that ends now sends nothing
     for task in running:
         task.cancel()
     try:
-        await shielded(batcher.stop(), within=cfg.close_timeout)
-        if running:
-            await shielded(asyncio.wait(running), within=2 * cfg.close_timeout)
+        if calls or running:
+            await shielded(asyncio.wait({*calls, *running}), within=2 * cfg.close_timeout)
     except TimeoutError:
         still = sum(1 for t in running if not t.done())
         _log.warning("%d rollout(s) still running at teardown", still)

@@ -38,7 +38,7 @@ class Run:
         self.driving = 0  # the async schedule's running rollouts (not kept in ``active``)
         self.preparing: dict[asyncio.Task[None], Rollout] = {}
         self.closer = Closer(cfg, on_freed=self.freed)
-        self.on_change: Callable[[], None] | None = None  # a slot freed or an input ready
+        self.on_change: Callable[[], None] | None = None  # an instance closed: a slot freed
 
     def live(self) -> int:
         """Rollouts holding (or about to hold) an instance, closing ones included."""
@@ -48,10 +48,6 @@ class Run:
 
     def freed(self) -> None:
         self.report()
-        if self.on_change is not None:
-            self.on_change()
-
-    def _prepared(self, _: asyncio.Task[None]) -> None:
         if self.on_change is not None:
             self.on_change()
 
@@ -72,12 +68,23 @@ class Run:
         self.cfg.stats.rollouts_started(n)
         return batch
 
+    def fill(self) -> list[Rollout]:
+        """Take inputs for every free slot (a source may offer them a group at a time)."""
+        taken: list[Rollout] = []
+        while (n := self.room()) > 0:
+            batch = self.take(n)
+            if not batch:
+                break
+            taken.extend(batch)
+            self.driving += len(batch)  # counted live until the caller accounts for them
+        self.driving -= len(taken)
+        return taken
+
     def spawn(self) -> None:
         """Start preparing as many pending inputs as there are free slots (background)."""
         loop = asyncio.get_running_loop()
-        for rollout in self.take(self.room()):
+        for rollout in self.fill():
             task = loop.create_task(prepare_one(rollout, self.cfg, self.closer))
-            task.add_done_callback(self._prepared)
             self.preparing[task] = rollout
         self.report()
 

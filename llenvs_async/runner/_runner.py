@@ -221,20 +221,6 @@ class TrajectoryRunner(AsyncResource):
         ``max_staleness`` bounds how many policy versions a yielded group's oldest action
         is behind the backend's ``policy_version`` (see ``runner._stream``).
         """
-        for name, value in (("group_size", group_size), ("batch_size", batch_size)):
-            if type(value) is not int or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if max_staleness is not None and (type(max_staleness) is not int or max_staleness < 0):
-            raise ValueError(f"max_staleness must be an int >= 0 or None, got {max_staleness!r}")
-        if queue_size is None:
-            queue_size = 2 * max(1, -(-batch_size // group_size))
-        elif type(queue_size) is not int or queue_size < 1:
-            raise ValueError(f"queue_size must be an int >= 1 or None, got {queue_size!r}")
-        if isinstance(inputs, str | bytes) or not isinstance(inputs, Iterable | AsyncIterable):
-            raise TypeError(
-                "inputs must be an iterable or async iterable of tasks or States, "
-                f"got {type(inputs).__name__}"
-            )
         _check_positive("max_steps", max_steps)
         return RolloutStream(
             self,

@@ -248,6 +248,8 @@ async def test_a_shared_instance_limit_holds_across_concurrent_async_runs(tracke
     results = await asyncio.gather(*runs)
     assert all(t.success for trajs in results for t in trajs)
     assert tracker.peak_live == 3 and tracker.live == 0
+    assert runner.instance_slots is not None and runner.instance_slots.peak == 3
+    assert runner.instance_slots.free() == 3
 
 
 async def test_a_programming_error_propagates_and_closes_everything(tracker) -> None:  # type: ignore[no-untyped-def]
@@ -285,3 +287,36 @@ def test_bad_schedule_and_window_are_clear_errors() -> None:
         TrajectoryRunner(CounterEnv(), ScriptedBackend(counter_policy), schedule="asap")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="coalesce_window"):
         TrajectoryRunner(CounterEnv(), ScriptedBackend(counter_policy), coalesce_window=-1)
+
+
+async def test_no_generate_call_is_sent_once_the_run_is_cancelled(tracker) -> None:  # type: ignore[no-untyped-def]
+    """Rollout 1 waits in the batcher (long window) while rollout 0's step hangs; the run
+    is cancelled: rollout 0's driver ending first must not flush rollout 1's request."""
+    stepped = asyncio.Event()
+
+    class Env(CounterEnv):
+        async def _step(self, state, action):  # type: ignore[no-untyped-def]
+            if state.task == 2:
+                await asyncio.Event().wait()
+            result = await super()._step(state, action)
+            stepped.set()
+            return result
+
+    async def factory() -> CounterEnv:
+        return Env(tracker=tracker)
+
+    backend = RecordingBackend(ScriptedBackend(counter_policy))
+    runner = TrajectoryRunner(
+        environment=CounterEnv(), backend=backend, env_factory=factory, coalesce_window=60
+    )
+    task = asyncio.ensure_future(runner.run_batch([2, 1], schedule="async"))
+    await asyncio.wait_for(stepped.wait(), timeout=10)
+    for _ in range(5):
+        await asyncio.sleep(0)  # rollout 1 asks again and waits for its batch-mate
+    assert len(backend.calls) == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert len(backend.calls) == 1 and tracker.live == 0

@@ -78,8 +78,11 @@ async def test_groups_come_whole_and_in_input_order_within_the_group(
     assert runner.stats.peak_live_instances <= 4 and tracker.live == 0
 
 
+@pytest.mark.parametrize("schedule", ["refill", "async"])
 @pytest.mark.parametrize("trainer", ["slower", "faster"])
-async def test_the_staleness_bound_holds(trainer: str, counter_factory, tracker) -> None:  # type: ignore[no-untyped-def]
+async def test_the_staleness_bound_holds(
+    trainer: str, schedule: str, counter_factory, tracker
+) -> None:  # type: ignore[no-untyped-def]
     """Versions bumped by the trainer after every group; long-tailed rollouts (targets
     0..9) finish out of order. No yielded group is more than 1 version stale."""
     backend = VersionedBackend(counter_policy, delay=0.0 if trainer == "slower" else 0.002)
@@ -88,7 +91,11 @@ async def test_the_staleness_bound_holds(trainer: str, counter_factory, tracker)
     )
     targets = [9, 0, 4, 1, 7, 2, 0, 5]
     async with runner.stream(
-        _endless(targets), group_size=2, batch_size=8, max_staleness=1
+        _endless(targets),
+        group_size=2,
+        batch_size=8,
+        max_staleness=1,
+        schedule=schedule,  # type: ignore[arg-type]
     ) as stream:
         step = 0
         async for group in stream:
@@ -142,8 +149,9 @@ async def test_with_max_staleness_0_generation_is_on_policy(counter_factory) -> 
     assert stream.stats.discarded_stale == 0 and stream.stats.outstanding_high_water == 1
 
 
+@pytest.mark.parametrize("schedule", ["refill", "async"])
 async def test_a_trainer_taking_several_groups_per_version_gets_them_in_parallel(
-    counter_factory,
+    counter_factory, schedule
 ) -> None:  # type: ignore[no-untyped-def]
     """The stream learns that the consumer takes 3 groups per update and admits that many
     at once, still on-policy with max_staleness=0."""
@@ -152,7 +160,7 @@ async def test_a_trainer_taking_several_groups_per_version_gets_them_in_parallel
         environment=CounterEnv(), backend=backend, env_factory=counter_factory()
     )
     async with runner.stream(
-        _endless([2, 4, 1]), group_size=2, batch_size=8, max_staleness=0
+        _endless([2, 4, 1]), group_size=2, batch_size=8, max_staleness=0, schedule=schedule
     ) as stream:
         taken = 0
         async for group in stream:
@@ -186,7 +194,8 @@ async def test_a_slow_consumer_pauses_production_not_rollouts_in_flight(counter_
     assert s.stats.queue_high_water <= 3 and s.stats.outstanding_high_water <= 3
 
 
-async def test_cancelling_the_consumer_tears_every_instance_down(tracker) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("schedule", ["refill", "async"])
+async def test_cancelling_the_consumer_tears_every_instance_down(tracker, schedule) -> None:  # type: ignore[no-untyped-def]
     async def factory() -> CounterEnv:
         return CounterEnv(tracker=tracker, latency=0.005)
 
@@ -196,13 +205,17 @@ async def test_cancelling_the_consumer_tears_every_instance_down(tracker) -> Non
     got = asyncio.Event()
 
     async def consume() -> None:
-        async with runner.stream(_endless([8, 3, 12]), group_size=4, batch_size=6) as stream:
+        async with runner.stream(
+            _endless([8, 3, 12]), group_size=4, batch_size=6, schedule=schedule
+        ) as stream:
             async for _ in stream:
                 got.set()
 
     task = asyncio.create_task(consume())
-    await got.wait()
-    assert tracker.live > 0  # rollouts were running when the consumer was cancelled
+    async with asyncio.timeout(30):
+        await got.wait()
+        while tracker.live == 0:  # the stream goes on rolling out while the consumer works
+            await asyncio.sleep(0.001)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

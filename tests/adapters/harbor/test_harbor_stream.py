@@ -58,8 +58,10 @@ async def test_a_stream_from_a_saved_state_cancelled_leaves_no_container(
                     got.set()
 
         consumer = asyncio.create_task(consume())
-        await got.wait()
-        assert runner.stats.live_instances > 0  # the stream keeps rolling out meanwhile
+        async with asyncio.timeout(120):
+            await got.wait()
+            while runner.stats.live_instances == 0:  # the stream keeps rolling out meanwhile
+                await asyncio.sleep(0.01)
         consumer.cancel()
         with pytest.raises(asyncio.CancelledError):
             await consumer
