@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install vllm tiny-model test test-fast test-ray lint demo bench docker images browser clean
+.PHONY: install vllm tiny-model test test-fast test-ray lint demo bench docker gvisor images browser clean
 
 install: $(STAMP)
 
@@ -27,6 +27,10 @@ tiny-model: vllm
 docker:
 	bash scripts/ensure-docker.sh
 
+# gVisor's runsc for the `gvisor` tier and `--runtime gvisor` (a no-op when installed).
+gvisor:
+	bash scripts/ensure-gvisor.sh
+
 images: install docker
 	$(PY) -m llenvs_async.docker.images build-all
 
@@ -34,11 +38,11 @@ images: install docker
 browser:
 	bash scripts/ensure-chromium.sh
 
-test: install vllm docker images browser
+test: install vllm docker gvisor images browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: install
-	$(PY) -m pytest -m 'not docker and not vllm and not ray and not browser' $(PYTEST_ARGS)
+	$(PY) -m pytest -m 'not docker and not vllm and not ray and not gvisor and not browser' $(PYTEST_ARGS)
 
 # The Ray tier alone: a two-node cluster on 127.0.0.1 (Ray comes with the dev extra).
 test-ray: install docker images
@@ -52,7 +56,7 @@ lint: install
 demo: install docker images
 	$(PY) examples/demo.py
 
-bench: install docker images
+bench: install docker gvisor images
 	$(PY) -m benchmarks.run_all
 
 clean:

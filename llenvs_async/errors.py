@@ -22,6 +22,7 @@ __all__ = [
     "DockerUnavailableError",
     "EnvError",
     "EstimationError",
+    "GvisorUnavailableError",
     "ImageError",
     "LlenvsError",
     "RestoreError",
@@ -159,6 +160,10 @@ class ContainerError(LlenvsError):
 
 class DockerUnavailableError(ContainerError):
     """No Docker engine answers at the configured socket / ``DOCKER_HOST``."""
+
+
+class GvisorUnavailableError(ContainerError):
+    """gVisor cannot run here: ``runsc`` (or root, or what it needs) is missing; says which."""
 
 
 class ImageError(ContainerError):

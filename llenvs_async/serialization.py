@@ -305,6 +305,8 @@ def _completion(c: Completion, prompt: tuple[int, ...] | None = None) -> dict[st
             if c.tool_calls
             else {}
         ),
+        **({} if c.policy_version is None else {"policy_version": c.policy_version}),
+        **({"version_spans": [list(s) for s in c.version_spans]} if c.version_spans else {}),
     }
 
 
@@ -535,7 +537,22 @@ def _read_completion(
         finish_reason=_opt(data, "finish_reason", str, where),
         prompt_token_ids=prompt_ids,
         tool_calls=tuple(_decode_value(c) for c in _list(data, "tool_calls", where)),
+        policy_version=_opt(data, "policy_version", int, where),
+        version_spans=_version_spans(data, where),
     )
+
+
+def _version_spans(data: Mapping[str, Any], where: str) -> tuple[tuple[int, int, int], ...]:
+    """``[[version, start, end], ...]``: each a list of three ints."""
+    spans = []
+    for i, span in enumerate(_list(data, "version_spans", where)):
+        values = _numbers(span, int, f"{where}.version_spans[{i}]")
+        if len(values) != 3:
+            raise SerializationError(
+                f"{where}.version_spans[{i}]: expected [version, start, end], got {span!r:.60}"
+            )
+        spans.append((values[0], values[1], values[2]))
+    return tuple(spans)
 
 
 def _list(data: Mapping[str, Any], key: str, where: str) -> list[Any]:

@@ -161,6 +161,21 @@ def test_token_ids_and_logprobs_survive() -> None:
     assert back.prompt_token_ids == (1,)
 
 
+def test_policy_versions_and_spans_survive() -> None:
+    c = Completion(
+        text="hi", token_ids=(5, 6, 7), policy_version=2, version_spans=((1, 0, 2), (2, 2, 3))
+    )
+    back = _through_json(c)
+    assert back == c and back.policy_versions == (1, 2)
+    plain = to_dict(Completion(text="x"))
+    assert "policy_version" not in plain and "version_spans" not in plain  # old files unchanged
+    assert from_dict(Completion, plain).policy_version is None
+    with pytest.raises(SerializationError, match=r"version_spans\[0\]"):
+        from_dict(Completion, {"text": "x", "version_spans": [[1, 0]]})
+    with pytest.raises(SerializationError, match="policy_version"):
+        from_dict(Completion, {"text": "x", "policy_version": "1"})
+
+
 async def test_real_runner_trajectories_round_trip_and_share_states() -> None:
     env = ChainEnv(num_tasks=2, max_steps=6)
     runner = TrajectoryRunner(

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .base import Backend, TokenizerBackend
+from .base import Backend, TokenizerBackend, TrainableBackend
 from .scripted import ScriptedBackend
 
 if TYPE_CHECKING:
     from .openai import OpenAIBackend
     from .vllm import VLLMBackend
 
-__all__ = ["Backend", "OpenAIBackend", "ScriptedBackend", "TokenizerBackend", "VLLMBackend"]
+__all__ = [
+    "Backend",
+    "OpenAIBackend",
+    "ScriptedBackend",
+    "TokenizerBackend",
+    "TrainableBackend",
+    "VLLMBackend",
+]
 
 
 def __getattr__(name: str) -> Any:

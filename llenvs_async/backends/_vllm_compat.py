@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import BackendError
 from ..types import Completion, SamplingParams
+from ._weights import engine_spans
 
 __all__ = [
     "build_engine",
@@ -100,8 +101,14 @@ def build_engine(model: str, engine_kwargs: Mapping[str, Any]) -> Any:
         ) from exc
 
 
-def to_completion(output: Any, request_id: str) -> Completion:
-    """A final ``RequestOutput`` -> ``Completion``; the sampled token's logprob per position."""
+def to_completion(
+    output: Any, request_id: str, *, version: int | None = None, initial_version: int | None = None
+) -> Completion:
+    """A final ``RequestOutput`` -> ``Completion``; the sampled token's logprob per position.
+
+    ``version_spans`` come from the engine's ``weight_versions`` (labels that are not ints
+    are ``initial_version``); ``policy_version`` is the last span's, else ``version``.
+    """
     outputs = getattr(output, "outputs", None)
     if not outputs:
         raise BackendError(f"vLLM request {request_id} finished without a completion output")
@@ -123,10 +130,13 @@ def to_completion(output: Any, request_id: str) -> Completion:
                 f"vLLM request {request_id}: no logprob for sampled token {exc}"
             ) from exc
     prompt_ids = getattr(output, "prompt_token_ids", None)
+    spans = engine_spans(getattr(first, "weight_versions", None), initial_version)
     return Completion(
         text=first.text,
         token_ids=token_ids,
         logprobs=logprobs,
         finish_reason=first.finish_reason,
         prompt_token_ids=tuple(int(t) for t in prompt_ids or ()),
+        policy_version=spans[-1][0] if spans else version,
+        version_spans=spans,
     )

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from ..types import Completion, GenerationError, GenerationRequest, SamplingParams
 
-__all__ = ["Backend", "TokenizerBackend"]
+__all__ = ["Backend", "TokenizerBackend", "TrainableBackend"]
 
 
 @runtime_checkable
@@ -38,3 +38,27 @@ class TokenizerBackend(Protocol):
     def token_mode_error(self) -> str | None: ...
 
     async def get_tokenizer(self) -> Any: ...
+
+
+@runtime_checkable
+class TrainableBackend(Protocol):
+    """A backend whose weights a trainer updates in flight (``ScriptedBackend``,
+    ``VLLMBackend``, ``OpenAIBackend`` against a vLLM server).
+
+    ``policy_version`` is the version completions finishing now are tagged with (None:
+    unversioned). ``update_weights`` loads ``named_tensors`` (e.g. ``model.named_parameters()``)
+    and makes ``version`` current; ``mode`` says what happens to requests in flight:
+    ``keep`` continues them under the new weights, ``wait`` lets them finish first,
+    ``abort`` stops them and regenerates them under the new weights. None is lost.
+    """
+
+    @property
+    def policy_version(self) -> int | None: ...
+
+    async def update_weights(
+        self,
+        named_tensors: Iterable[tuple[str, Any]],
+        *,
+        version: int,
+        mode: Literal["keep", "wait", "abort"] = "keep",
+    ) -> None: ...

@@ -18,7 +18,7 @@ import json
 import os
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
@@ -29,6 +29,7 @@ from .._resource import AsyncResource
 from ..errors import BackendError, BackendTimeoutError, ClosedError
 from ..types import ChatMessage, Completion, GenerationError, GenerationRequest, SamplingParams
 from ._concurrency import gather_in_order
+from ._openai_rl import reload_server_weights
 from ._openai_wire import (
     MalformedResponse,
     Prompt,
@@ -39,6 +40,7 @@ from ._openai_wire import (
     render_plain_prompt,
 )
 from ._outcomes import request_error
+from ._weights import UpdateMode, WeightSwitch, check_update, check_version, tag
 
 __all__ = ["OpenAIBackend", "render_plain_prompt"]
 
@@ -80,7 +82,10 @@ class OpenAIBackend(AsyncResource):
         prompt_renderer: Callable[[Sequence[ChatMessage]], str] = render_plain_prompt,
         client: httpx.AsyncClient | None = None,
         tokenizer: Any = None,
+        policy_version: int | None = 0,
+        handoff_dir: str | os.PathLike[str] | None = None,
     ) -> None:
+        check_version(policy_version, owner="OpenAIBackend")
         if mode not in ("chat", "completions"):
             raise ValueError(f"OpenAIBackend mode must be 'chat' or 'completions', got {mode!r}")
         if timeout <= 0:
@@ -115,11 +120,40 @@ class OpenAIBackend(AsyncResource):
         self._random = random.Random()
         self._tokenizer = tokenizer
         self._tokenizer_lock = asyncio.Lock()
+        self._weights = WeightSwitch(policy_version, handoff_dir)
         self._closed = False
 
     def __repr__(self) -> str:
         return (
             f"OpenAIBackend(base_url={self.base_url!r}, model={self.model!r}, mode={self.mode!r})"
+        )
+
+    @property
+    def policy_version(self) -> int | None:
+        """The served weights' version: each completion is tagged with it when its
+        response arrives (the OpenAI routes report no per-token spans)."""
+        return self._weights.version
+
+    async def update_weights(
+        self, named_tensors: Iterable[tuple[str, Any]], *, version: int, mode: UpdateMode = "keep"
+    ) -> None:
+        """Load ``named_tensors`` into a vLLM server and make ``version`` current, through
+        its RL and dev endpoints (the server needs ``VLLM_SERVER_DEV_MODE=1``).
+
+        ``POST /pause?mode=...``, ``/collective_rpc`` ``reload_weights(weights_path=DIR)``
+        (a safetensors file the server must be able to read: same host, or ``handoff_dir``
+        on a shared filesystem), ``/reset_prefix_cache?reset_running_requests=true``,
+        ``/update_weight_version``, then ``/resume`` (always). Modes as in
+        ``VLLMBackend.update_weights``; requests the server aborted are sent again.
+        """
+        check_update(mode, version, owner="OpenAIBackend")
+        if self._closed:
+            raise ClosedError("OpenAIBackend")
+        await self._weights.switch(named_tensors, version, mode, self._server_swap)
+
+    async def _server_swap(self, directory: str, version: int, mode: UpdateMode) -> None:
+        await reload_server_weights(
+            self._client, self.base_url, self._headers, directory, version, mode
         )
 
     async def generate(
@@ -142,11 +176,15 @@ class OpenAIBackend(AsyncResource):
         payload = chat_payload(
             self.model, request, params, vllm_extras=self.vllm_extras, extra_body=self.extra_body
         )
-        try:
-            response = await self._post(url, payload)
-        except BackendError as exc:
-            return _rejected(exc, index, request)
-        return _parse(response, parse_chat_response)
+        while True:
+            aborts = self._weights.aborts
+            try:
+                response = await self._post(url, payload)
+            except BackendError as exc:
+                return _rejected(exc, index, request)
+            outcome = tag(_parse(response, parse_chat_response), self._weights.version)
+            if not await self._weights.regenerate(outcome, aborts):
+                return outcome
 
     async def _completions(
         self, requests: Sequence[GenerationRequest], params: SamplingParams
@@ -190,6 +228,7 @@ class OpenAIBackend(AsyncResource):
             vllm_extras=self.vllm_extras,
             extra_body=self.extra_body,
         )
+        aborts = self._weights.aborts
         try:
             response = await self._post(url, payload)
         except BackendError as exc:
@@ -202,7 +241,18 @@ class OpenAIBackend(AsyncResource):
                 for i, prompt in zip(indices, prompts, strict=True)
             )
             return [outcome for [outcome] in alone]
-        return list(_parse(response, lambda data: parse_completions_response(data, len(prompts))))
+        parsed = _parse(response, lambda data: parse_completions_response(data, len(prompts)))
+        outcomes: list[Completion | GenerationError] = [
+            tag(c, self._weights.version) for c in parsed
+        ]
+        again = [k for k, c in enumerate(outcomes) if await self._weights.regenerate(c, aborts)]
+        if again:  # stopped by update_weights(mode="abort"): only those prompts are sent again
+            redone = await self._completions_group(
+                [indices[k] for k in again], [prompts[k] for k in again], requests, seed, params
+            )
+            for k, outcome in zip(again, redone, strict=True):
+                outcomes[k] = outcome
+        return outcomes
 
     async def _post(self, url: str, payload: Mapping[str, Any]) -> httpx.Response:
         """POST with retries; returns a 2xx response or raises ``BackendError``."""

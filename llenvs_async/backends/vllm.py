@@ -13,8 +13,9 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import os
 import uuid
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from .._resource import AsyncResource
@@ -31,6 +32,7 @@ from ._vllm_compat import (
     to_completion,
     tokens_prompt_factory,
 )
+from ._weights import UpdateMode, WeightSwitch, check_update, check_version
 
 __all__ = ["EngineLike", "VLLMBackend"]
 
@@ -69,8 +71,11 @@ class VLLMBackend(AsyncResource):
         model: str | None = None,
         tokenizer: Any = None,
         abort_timeout: float = 10.0,
+        policy_version: int | None = 0,
+        handoff_dir: str | os.PathLike[str] | None = None,
         **engine_kwargs: Any,
     ) -> None:
+        check_version(policy_version, owner="VLLMBackend")
         if (engine is None) == (model is None):
             raise ValueError("VLLMBackend needs exactly one of engine= or model=")
         if engine is not None and engine_kwargs:
@@ -85,18 +90,38 @@ class VLLMBackend(AsyncResource):
         )
         self._tokenizer = tokenizer
         self._abort_timeout = abort_timeout
+        self._weights = WeightSwitch(policy_version, handoff_dir)
         self._closed = False
 
     @classmethod
     def from_engine_args(
-        cls, model: str, *, tokenizer: Any = None, abort_timeout: float = 10.0, **engine_kwargs: Any
+        cls,
+        model: str,
+        *,
+        tokenizer: Any = None,
+        abort_timeout: float = 10.0,
+        policy_version: int | None = 0,
+        handoff_dir: str | os.PathLike[str] | None = None,
+        **engine_kwargs: Any,
     ) -> VLLMBackend:
         """Build and own an ``AsyncLLM`` from ``AsyncEngineArgs(model=model, **engine_kwargs)``."""
-        return cls(model=model, tokenizer=tokenizer, abort_timeout=abort_timeout, **engine_kwargs)
+        return cls(
+            model=model,
+            tokenizer=tokenizer,
+            abort_timeout=abort_timeout,
+            policy_version=policy_version,
+            handoff_dir=handoff_dir,
+            **engine_kwargs,
+        )
 
     @property
     def engine(self) -> EngineLike:
         return self._engine
+
+    @property
+    def policy_version(self) -> int | None:
+        """The weights' version: completions finishing now are tagged with it."""
+        return self._weights.version
 
     async def generate(
         self, requests: Sequence[GenerationRequest], params: SamplingParams
@@ -163,7 +188,24 @@ class VLLMBackend(AsyncResource):
         except BackendError as exc:
             return GenerationError(error=exc, request_index=index)
         sampling_params = make_sampling_params(params, request.seed)
-        request_id = f"llenvs-{uuid.uuid4().hex}"
+        while True:
+            aborts = self._weights.aborts
+            request_id = f"llenvs-{uuid.uuid4().hex}"
+            outcome = await self._submit(index, request, prompt, sampling_params, request_id)
+            # Stopped by update_weights(mode="abort"): sent again under the new weights (the
+            # caller never sees the aborted attempt).
+            if not await self._weights.regenerate(outcome, aborts):
+                return outcome
+
+    async def _submit(
+        self,
+        index: int,
+        request: GenerationRequest,
+        prompt: Any,
+        sampling_params: Any,
+        request_id: str,
+    ) -> Completion | GenerationError:
+        """One attempt: drain the request's stream to its final output."""
         final: Any = None
         try:
             stream = self._engine.generate(prompt, sampling_params, request_id)
@@ -186,7 +228,48 @@ class VLLMBackend(AsyncResource):
             return GenerationError(error=error, request_index=index)
         if final is None:
             raise BackendError(f"vLLM request {request_id} produced no output")
-        return to_completion(final, request_id)
+        return to_completion(
+            final, request_id, version=self._weights.version, initial_version=self._weights.initial
+        )
+
+    async def update_weights(
+        self, named_tensors: Iterable[tuple[str, Any]], *, version: int, mode: UpdateMode = "keep"
+    ) -> None:
+        """Load ``named_tensors`` (HF checkpoint names, e.g. a transformers model's
+        ``named_parameters()``: pass every weight) into the engine and make ``version`` current.
+
+        The engine is paused with ``pause_generation(mode=mode)``: ``keep`` freezes requests
+        in flight, which then continue under the new weights (their completions get both
+        versions in ``version_spans``); ``wait`` lets them finish under the old weights
+        first; ``abort`` stops them, and ``generate`` resubmits them (same prompt and seed)
+        once the new weights are in, so every call still returns every completion. New
+        requests queue during the update. After loading, the prefix cache is reset and
+        running requests are preempted, so no KV computed by the old weights is reused
+        (a kept request recomputes its prefix under the new weights).
+
+        Route (CPU and GPU alike): the tensors are written to a safetensors file in a fresh
+        directory (``handoff_dir``, default ``/dev/shm``) and the worker's stock
+        ``reload_weights(weights_path=...)`` loads them with the model's ``load_weights``.
+        ``collective_rpc`` cannot carry tensors to the worker process itself (vLLM's msgpack
+        only rebuilds tensors in typed fields), and the shipped IPC/NCCL transfer engines
+        need CUDA. Once the engine is paused the swap runs to its end even if the caller
+        is cancelled; a failed load resumes the engine on the old version and raises.
+        """
+        check_update(mode, version, owner="VLLMBackend")
+        if self._closed:
+            raise ClosedError("VLLMBackend")
+        _updatable(self._engine)
+        await self._weights.switch(named_tensors, version, mode, self._engine_swap)
+
+    async def _engine_swap(self, directory: str, version: int, mode: UpdateMode) -> None:
+        engine: Any = self._engine
+        await engine.pause_generation(mode=mode, clear_cache=False)
+        try:
+            await engine.collective_rpc("reload_weights", kwargs={"weights_path": directory})
+            await engine.reset_prefix_cache(reset_running_requests=True)
+            await engine.update_weight_version(str(version))
+        finally:
+            await engine.resume_generation()
 
     async def _abort(self, request_id: str) -> None:
         """Abort in the engine, shielded from cancellation and bounded by ``abort_timeout``."""
@@ -206,6 +289,23 @@ class VLLMBackend(AsyncResource):
         self._closed = True
         if self._owns_engine:
             self._engine.shutdown()
+
+
+def _updatable(engine: Any) -> None:
+    """Refuse an engine without the pause / reload API of vLLM's ``AsyncLLM``."""
+    needed = (
+        "pause_generation",
+        "resume_generation",
+        "collective_rpc",
+        "reset_prefix_cache",
+        "update_weight_version",
+    )
+    missing = [name for name in needed if not callable(getattr(engine, name, None))]
+    if missing:
+        raise BackendError(
+            f"VLLMBackend.update_weights needs an AsyncLLM with {', '.join(needed)}; "
+            f"{type(engine).__name__} lacks {', '.join(missing)}"
+        )
 
 
 def _describe(index: int, request: GenerationRequest) -> str:

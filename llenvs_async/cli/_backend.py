@@ -99,12 +99,14 @@ async def open_runner(
     options: BackendOptions,
     *,
     snapshot: bool = False,
+    processes: bool = False,
     schedule: str = "refill",
 ) -> AsyncIterator[TrajectoryRunner]:
     """A runner over ``source`` with the flags' backend and ``--schedule``; runner and
     backend closed on exit.
 
-    ``snapshot``: restore containers by snapshot-fork (``SnapshotRestore``) instead of replay.
+    ``snapshot``: restore containers by snapshot-fork (``SnapshotRestore``) instead of replay;
+    ``processes``: fork gVisor sandboxes from a checkpoint (``SnapshotRestore(processes=True)``).
     """
     restore_fn = source.restore_fn
     if snapshot:
@@ -112,7 +114,7 @@ async def open_runner(
             raise CliError("--snapshot needs a container dataset (a Harbor task directory)")
         from ..adapters.harbor import SnapshotRestore
 
-        restore_fn = SnapshotRestore()
+        restore_fn = SnapshotRestore(processes=processes)
     backend = build_backend(options, source)
     scripted = options.kind is BackendKind.scripted
     # A restored state carries its history: the default conversation is what the policy saw.

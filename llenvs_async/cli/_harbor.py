@@ -60,6 +60,7 @@ async def open_harbor(spec: SourceSpec) -> Source:
         build_network=options.build_network,
         build_ca_bundle=options.build_ca_bundle,
         provision_verifier=options.provision_verifier,
+        runtime="gvisor" if options.runtime == "gvisor" else "runc",
     )
     dataset = await adapter.get_dataset(spec.dataset)
     max_steps = spec.max_steps or DEFAULT_MAX_STEPS

@@ -30,6 +30,7 @@ __all__ = [
     "NConcurrentOpt",
     "QuietOpt",
     "RayAddressOpt",
+    "RuntimeOpt",
     "ScheduleKind",
     "ScheduleOpt",
     "TokenModeOpt",
@@ -135,6 +136,14 @@ TokenizerOpt = Annotated[
         "--tokenizer", help="Tokenizer (a model directory) for --backend openai --token-mode."
     ),
 ]
+RuntimeOpt = Annotated[
+    str,
+    typer.Option(
+        "--runtime",
+        help="Container runtime of Harbor tasks: runc (Docker) or gvisor (runsc sandboxes; "
+        "with q-values --snapshot, forks keep processes and shell state).",
+    ),
+]
 RayAddressOpt = Annotated[
     str | None,
     typer.Option(
@@ -174,6 +183,7 @@ def harbor_options(
     allow_network: bool,
     command_timeout: float | None,
     provision_verifier: bool = False,
+    runtime: str = "runc",
 ) -> HarborOptions:
     """Bundle and validate the Harbor flags."""
     from ..adapters.harbor.image import parse_alias
@@ -193,8 +203,10 @@ def harbor_options(
         raise CliError("--provision-verifier fetches at build time: it needs --build-network")
     if command_timeout is not None and not command_timeout > 0:
         raise CliError(f"--command-timeout must be > 0 seconds, got {command_timeout}")
+    if runtime not in ("runc", "gvisor"):
+        raise CliError(f"--runtime must be 'runc' or 'gvisor', got {runtime!r}")
     return HarborOptions(
         base_images=tuple(pairs), build_network=build_network, build_ca_bundle=build_ca_bundle,
         allow_network=allow_network, command_timeout=command_timeout,
-        provision_verifier=provision_verifier,
+        provision_verifier=provision_verifier, runtime=runtime,
     )  # fmt: skip

@@ -44,6 +44,8 @@ class HarborOptions:
     command_timeout: float | None = None
     """Seconds per command; ``None``: the task's ``[agent].timeout_sec``."""
     provision_verifier: bool = False
+    runtime: str = "runc"
+    """``runc`` (Docker containers) or ``gvisor`` (runsc sandboxes)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -53,6 +55,7 @@ class HarborOptions:
             "allow_network": self.allow_network,
             "command_timeout": self.command_timeout,
             "provision_verifier": self.provision_verifier,
+            "runtime": self.runtime,
         }
 
     @classmethod
@@ -69,6 +72,7 @@ class HarborOptions:
             allow_network=bool(data.get("allow_network", False)),
             command_timeout=data.get("command_timeout"),
             provision_verifier=bool(data.get("provision_verifier", False)),
+            runtime=str(data.get("runtime", "runc")),
         )
 
 

@@ -54,7 +54,8 @@ def build_standins(
 
 
 def cleanup() -> None:
-    """Remove containers and snapshot images left behind by llenvs processes that are gone."""
+    """Remove containers, snapshot images, gVisor sandboxes and checkpoints left behind by
+    llenvs processes that are gone."""
     from ..docker.engine import DockerEngine
     from ..docker.reaper import ReapedContainer, reap_orphans
     from ..docker.snapshots import ReapedImage, reap_orphan_snapshots
@@ -76,3 +77,21 @@ def cleanup() -> None:
         console.print(table)
     if images:
         console.print(f"removed {len(images)} orphaned snapshot image(s)")
+    _cleanup_sandboxes()
+
+
+def _cleanup_sandboxes() -> None:
+    """gVisor sandboxes and checkpoint images of gone owners (when runsc is installed)."""
+    from ..errors import GvisorUnavailableError
+    from ..sandbox.reaper import reap_orphan_sandboxes
+
+    try:
+        reaped = reap_orphan_sandboxes()
+    except GvisorUnavailableError:
+        return  # no gVisor here: nothing of ours can exist
+    sandboxes = [r for r in reaped if r.kind == "sandbox"]
+    checkpoints = len(reaped) - len(sandboxes)
+    if sandboxes:
+        console.print(f"removed {len(sandboxes)} orphaned gVisor sandbox(es)")
+    if checkpoints:
+        console.print(f"removed {checkpoints} orphaned checkpoint image(s)")

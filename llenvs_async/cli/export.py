@@ -2,8 +2,10 @@
 
 One row per trajectory: its token record (``input_ids``, ``loss_mask``, ``logprobs`` with
 one entry per 1 in the mask, ``turns`` as ``[start, end]`` action spans,
-``prompt_length``), per-step ``rewards``, ``total_reward``, ``task``, ``stop_reason`` and
-``error`` (``"Type: message"`` or null: a failed rollout is a row, never dropped).
+``prompt_length``), the weight versions that sampled it (``policy_versions``; and
+``token_versions``, aligned with ``logprobs``, null when the backend reported none),
+per-step ``rewards``, ``total_reward``, ``task``, ``stop_reason`` and ``error``
+(``"Type: message"`` or null: a failed rollout is a row, never dropped).
 ``--format parquet`` writes ``DIR/trajectories.parquet`` (``datasets.load_dataset(
 "parquet", data_dir=DIR)`` reads it); ``--format hf`` writes ``Dataset.save_to_disk(DIR)``.
 Needs the ``export`` extra (pyarrow, datasets).
@@ -22,7 +24,7 @@ from ..serialization import SerializationError, from_dict, read_jsonl
 from ..types import Trajectory
 from ._common import CliError, console
 
-__all__ = ["ExportFormat", "export", "export_rows", "row", "write_rows"]
+__all__ = ["ExportFormat", "export", "export_rows", "row", "token_versions", "write_rows"]
 
 PARQUET_FILE = "trajectories.parquet"
 
@@ -47,6 +49,8 @@ def row(trajectory: Trajectory, *, rollout: int | None = None) -> dict[str, Any]
         "input_ids": list(record.input_ids),
         "loss_mask": list(record.loss_mask),
         "logprobs": None if record.logprobs is None else list(record.logprobs),
+        "policy_versions": list(trajectory.policy_versions),
+        "token_versions": token_versions(trajectory),
         "turns": [list(span) for span in record.turns],
         "prompt_length": record.prompt_length,
         "rewards": [float(t.reward) for t in trajectory.transitions],
@@ -56,6 +60,25 @@ def row(trajectory: Trajectory, *, rollout: int | None = None) -> dict[str, Any]
         "success": trajectory.success,
         "error": None if error is None else f"{error.type}: {error.message}",
     }
+
+
+def token_versions(trajectory: Trajectory) -> list[int] | None:
+    """The weight version of each sampled token, in ``logprobs`` order (a request that ran
+    across an update has several); None when a sampled step's completion has no version."""
+    out: list[int] = []
+    for t in trajectory.transitions:
+        step = t.tokens
+        if step is None or not step.sampled:
+            continue
+        c = t.completion
+        if c is not None and c.version_spans:
+            for version, start, end in c.version_spans:
+                out += [version] * (end - start)
+        elif c is not None and c.policy_version is not None:
+            out += [c.policy_version] * len(step.action_ids)
+        else:
+            return None
+    return out
 
 
 def export_rows(path: Path, *, skip_missing: bool = False) -> tuple[list[dict[str, Any]], int]:
@@ -103,6 +126,8 @@ def _schema() -> Any:
             ("input_ids", ids),
             ("loss_mask", pa.list_(pa.int8())),
             ("logprobs", pa.list_(pa.float64())),
+            ("policy_versions", ids),
+            ("token_versions", ids),
             ("turns", pa.list_(ids)),
             ("prompt_length", pa.int64()),
             ("rewards", pa.list_(pa.float64())),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import uuid
@@ -96,6 +97,14 @@ def q_values(
             "--snapshot", help="Containers: replay each state once, fork the rest from a commit."
         ),
     ] = False,
+    runtime: Annotated[
+        str | None,
+        typer.Option(
+            "--runtime",
+            help="Override the results file's runtime: runc or gvisor (with --snapshot, "
+            "gvisor forks keep processes and shell state).",
+        ),
+    ] = None,
     failures: Annotated[
         FailureMode,
         typer.Option(
@@ -126,6 +135,12 @@ def q_values(
     picks = pick_states(records, step=step, tasks=tasks or [], max_states=max_states,
                         extra_actions=tuple(action or ()), file_actions=file_actions)  # fmt: skip
     source = sources.pop()
+    if runtime is not None:
+        if runtime not in ("runc", "gvisor"):
+            raise CliError(f"--runtime must be 'runc' or 'gvisor', got {runtime!r}")
+        source = dataclasses.replace(
+            source, harbor=dataclasses.replace(source.harbor, runtime=runtime)
+        )
     mode: Failures = failures.value
     rows = run_async(
         lambda: _estimate(
@@ -221,7 +236,10 @@ async def _estimate(
     rows: list[tuple[StatePick, str, ValueEstimate]] = []
     async with open_source(spec) as source:
         await source.check()
-        async with open_runner(source, options, snapshot=snapshot, schedule=schedule) as runner:
+        processes = spec.harbor.runtime == "gvisor"
+        async with open_runner(
+            source, options, snapshot=snapshot, processes=processes, schedule=schedule
+        ) as runner:
             for pick in picks:
                 err_console.print(f"estimating at {pick.title} ({len(pick.actions)} actions)")
                 (value,) = await estimate_values(

@@ -72,12 +72,13 @@ def run(
     provision_verifier: opt.ProvisionVerifierOpt = False,
     allow_network: opt.AllowNetworkOpt = False,
     command_timeout: opt.CommandTimeoutOpt = None,
+    runtime: opt.RuntimeOpt = "runc",
     ray_address: opt.RayAddressOpt = None,
 ) -> None:
     """Collect trajectories over a Harbor dataset or a built-in env; one JSONL line each."""
     harbor = opt.harbor_options(
         base_image, build_network, build_ca_bundle, allow_network, command_timeout,
-        provision_verifier,
+        provision_verifier, runtime,
     )  # fmt: skip
     spec = SourceSpec.from_flags(dataset, env, max_steps, harbor)
     options = opt.backend_options(

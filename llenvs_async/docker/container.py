@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
+import aiodocker
+import aiohttp
+
 from .._resource import AsyncResource
 from .._shield import shielded
 from ..errors import ClosedError, ContainerError, LlenvsError
@@ -25,9 +28,9 @@ from .reaper import register_backstop, remove_container_sync
 
 if TYPE_CHECKING:
     from aiodocker.execs import Exec
-    from aiodocker.stream import Stream
+    from aiodocker.stream import Message, Stream
 
-    from .shell import ShellKind, ShellSession
+    from .shell import ShellChannel, ShellKind, ShellSession
 
 __all__ = ["DEFAULT_CAP_DROP", "Container", "ContainerSpec"]
 
@@ -260,6 +263,11 @@ class Container(AsyncResource):
             await stream.__aenter__()
         return execution, stream
 
+    async def open_channel(self, argv: list[str]) -> ShellChannel:
+        """An exec of ``argv`` with stdin attached, as a persistent shell's channel."""
+        execution, stream = await self.open_exec(argv, stdin=True)
+        return _ExecChannel(execution, stream)
+
     async def exec(
         self,
         argv: str | Sequence[str],
@@ -452,6 +460,32 @@ class Container(AsyncResource):
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"<Container {self.short_id} image={self.spec.image!r} {state}>"
+
+
+class _ExecChannel:
+    """A ``ShellChannel`` over one Docker exec's attached stream."""
+
+    __slots__ = ("_exec", "_stream")
+
+    def __init__(self, execution: Exec, stream: Stream) -> None:
+        self._exec, self._stream = execution, stream
+
+    async def write_in(self, data: bytes) -> None:
+        await self._stream.write_in(data)
+
+    async def read_out(self) -> Message | None:
+        return await self._stream.read_out()
+
+    async def close(self) -> None:
+        await self._stream.close()
+
+    async def exit_code(self) -> int | None:
+        try:
+            info = await self._exec.inspect()
+        except (aiodocker.DockerError, aiohttp.ClientError, OSError):
+            return None
+        code = info.get("ExitCode")
+        return code if isinstance(code, int) else None
 
 
 async def _drain(stream: Stream, out: CappedOutput, pid: list[int] | None = None) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from .._shield import shielded
 from ..env import new_episode_id
@@ -21,6 +21,9 @@ from .pool import WarmPool
 from .shell import ShellKind, ShellSession
 from .shell_task import ShellTaskEnvironment, extract_command, format_observation
 
+if TYPE_CHECKING:
+    from ..sandbox.sandbox import Sandbox
+
 __all__ = ["DockerEnvironment", "extract_command", "format_observation"]
 
 
@@ -29,7 +32,8 @@ class DockerEnvironment(ShellTaskEnvironment):
     ``submit_keyword`` or ``max_steps`` ends it, and ``verify_command`` exit 0 -> reward 1.0
     (its exit code and output tail in ``info["verify"]``). With ``pool`` (a ``WarmPool``)
     ``reset`` takes a started container with its shell open (the pool's engine and shell
-    settings apply) instead of creating one.
+    settings apply) instead of creating one. ``runtime="gvisor"``: the episode runs in a
+    gVisor sandbox (``llenvs_async.sandbox``) instead of a Docker container.
     """
 
     def __init__(
@@ -49,6 +53,7 @@ class DockerEnvironment(ShellTaskEnvironment):
         max_output_bytes: int = 16 * 1024,
         shell: ShellKind = "auto",
         pool: WarmPool | None = None,
+        runtime: Literal["runc", "gvisor"] = "runc",
     ) -> None:
         super().__init__(
             max_steps=max_steps,
@@ -63,12 +68,24 @@ class DockerEnvironment(ShellTaskEnvironment):
         self.verify_timeout = verify_timeout
         self.max_output_bytes = max_output_bytes
         self.shell_kind: ShellKind = shell
+        if runtime not in ("runc", "gvisor"):
+            raise ValueError(f"runtime must be 'runc' or 'gvisor', got {runtime!r}")
+        if runtime == "gvisor":
+            if pool is not None:
+                raise ValueError(
+                    "DockerEnvironment: a warm pool holds Docker containers, not gVisor "
+                    "sandboxes: pass pool=None with runtime='gvisor'"
+                )
+            from ..sandbox.runsc import find_runsc
+
+            find_runsc()  # GvisorUnavailableError now, naming what is missing
+        self.container_runtime: Literal["runc", "gvisor"] = runtime
         if pool is not None and engine is not None and engine is not pool.engine:
             raise ValueError("DockerEnvironment: engine= and pool= must share one DockerEngine")
         self.pool = pool
         self._engine = pool.engine if pool is not None else engine
         self._owns_engine = self._engine is None
-        self._container: Container | None = None
+        self._container: Container | Sandbox | None = None
         self._session: ShellSession | None = None
 
     @classmethod
@@ -81,8 +98,8 @@ class DockerEnvironment(ShellTaskEnvironment):
         return make
 
     @property
-    def container(self) -> Container | None:
-        """The live container (``None`` before ``reset`` and after ``aclose``)."""
+    def container(self) -> Container | Sandbox | None:
+        """The live container or sandbox (``None`` before ``reset`` and after ``aclose``)."""
         return self._container
 
     @property
@@ -97,7 +114,12 @@ class DockerEnvironment(ShellTaskEnvironment):
     async def _reset(self, task: int | str | None, *, seed: int | None) -> State:
         await self._remove_container()
         engine = await self._engine_connected()
-        if self.pool is not None:  # a started container with its shell open, if one is ready
+        container: Container | Sandbox
+        if self.container_runtime == "gvisor":
+            from ..sandbox.sandbox import Sandbox
+
+            container = await Sandbox.create(engine, self.spec)
+        elif self.pool is not None:  # a started container with its shell open, if one is ready
             warm = await self.pool.take(self.spec)
             container, self._session = warm.container, warm.shell
         else:

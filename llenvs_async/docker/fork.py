@@ -16,6 +16,13 @@ functions, aliases, shell options, traps and the directory stack. Processes do n
 survive a commit either: when the replayed prefix leaves any running (background
 jobs, daemons), that state falls back to replay restore for every instance.
 
+With ``processes=True`` (gVisor sandboxes only: ``runtime="gvisor"``) the first instance
+replays the prefix and checkpoints its whole sandbox instead of committing; every
+instance, that one included, continues in a sandbox restored from the checkpoint, with
+processes, memory, filesystem and the shell's full state intact (``{"method":
+"checkpoint", "checkpoint": name}``). Without gVisor that is a ``RestoreError``, never
+a silent filesystem-only fork.
+
 Each restored state records how in ``state.info["restore"]``: ``{"method":
 "snapshot", "image": ref}`` for a forked instance, ``{"method": "replay",
 "snapshot": ref}`` for the instance that replayed and committed, and ``{"method":
@@ -29,10 +36,12 @@ import hashlib
 import json
 import re
 import shlex
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Generic, Protocol, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from .._resource import AsyncResource
 from .._shield import shielded
@@ -46,6 +55,10 @@ from .ownership import new_session_id
 from .shell import ShellSession
 from .shell_task import extract_command
 from .snapshots import register_snapshot_backstop, remove_image, snapshot_labels
+
+if TYPE_CHECKING:
+    from ..sandbox.fork import SandboxCheckpoint
+    from ..sandbox.sandbox import Sandbox
 
 __all__ = [
     "SNAPSHOT_REPO",
@@ -130,7 +143,13 @@ class _Fallback:
     reason: str
 
 
-_Outcome = _Snapshot | _Fallback
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Checkpointed:
+    checkpoint: SandboxCheckpoint
+    template: State
+
+
+_Outcome = _Snapshot | _Fallback | _Checkpointed
 
 
 def prefix_digest(state: State) -> str:
@@ -205,9 +224,13 @@ class Forkable(Protocol):
     def shell(self) -> ShellSession | None: ...
 
     @property
-    def container(self) -> Container | None: ...
+    def container(self) -> Container | Sandbox | None: ...
 
     async def resume_from_image(self, image: str, state: State) -> State: ...
+
+    async def resume_from_checkpoint(
+        self, checkpoint: SandboxCheckpoint, state: State
+    ) -> State: ...
 
 
 E = TypeVar("E", bound=Forkable)
@@ -222,9 +245,13 @@ class SnapshotFork(AsyncResource, Generic[E]):
     subclass's ``_open_engine`` gives one. ``timeout`` bounds a commit, and the removal.
     """
 
-    def __init__(self, *, engine: DockerEngine | None = None, timeout: float = 120.0) -> None:
+    def __init__(
+        self, *, engine: DockerEngine | None = None, timeout: float = 120.0, processes: bool = False
+    ) -> None:
         self.session_id = new_session_id()
         self.timeout = timeout
+        self.processes = processes
+        self._checkpoints: list[Path] = []  # checkpoint images (removed by aclose)
         self._engine = engine
         self._owns_engine = False
         self._engine_lock = asyncio.Lock()
@@ -247,6 +274,14 @@ class SnapshotFork(AsyncResource, Generic[E]):
         if self._closed:
             raise ClosedError(type(self).__name__)
         forkable = self._check(env, state)
+        runtime = getattr(forkable, "container_runtime", "runc")
+        if self.processes and runtime != "gvisor":
+            raise RestoreError(
+                f"{type(self).__name__}(processes=True) forks whole sandboxes and needs the "
+                f"gVisor runtime (HarborAdapter(runtime='gvisor'), --runtime gvisor); "
+                f"this {type(env).__name__} runs on {runtime!r}",
+                runtime=runtime,
+            )
         started = time.monotonic()
         if not state.actions:
             return await self._fallback(forkable, state, started, "empty prefix: nothing to fork")
@@ -271,6 +306,9 @@ class SnapshotFork(AsyncResource, Generic[E]):
         if self._closed:
             return
         self._closed = True
+        checkpoints, self._checkpoints = self._checkpoints, []
+        for directory in checkpoints:
+            await shielded(asyncio.to_thread(shutil.rmtree, directory, True), within=self.timeout)
         images, self._images = list(self._images.values()), {}
         engine, self._engine = self._engine, None
         if engine is None:
@@ -332,13 +370,19 @@ class SnapshotFork(AsyncResource, Generic[E]):
         if isinstance(outcome, _Fallback):
             self._count(fallbacks=1)
             record = {"method": "replay", "fallback_reason": outcome.reason}
+        elif isinstance(outcome, _Checkpointed):
+            record = {"method": "replay", "checkpoint": outcome.checkpoint.directory.name}
         else:
             record = {"method": "replay", "snapshot": outcome.image}
         return self._reanchor(env, state, started, {"restore": record})
 
     async def _snapshot(self, env: E, key: SnapshotKey, current: State) -> _Outcome:
+        if self.processes:
+            return await self._checkpoint(env, key, current)
         shell, container = env.shell, env.container
         assert shell is not None and container is not None
+        if not isinstance(container, Container):
+            return _Fallback(reason="a gVisor sandbox is forked with processes=True, not committed")
         try:
             running = _leftover_processes(await _run(shell, _PROCESSES, "listing processes"))
             saved = await capture_shell_state(shell)
@@ -367,8 +411,45 @@ class SnapshotFork(AsyncResource, Generic[E]):
         self._count(snapshots=1)
         return _Snapshot(image=ref, template=current, shell=saved)
 
-    async def _fork(self, env: E, state: State, snap: _Snapshot, started: float) -> State:
+    async def _checkpoint(self, env: E, key: SnapshotKey, current: State) -> _Outcome:
+        """Checkpoint the replayed sandbox (it stops) and continue ``env`` in a restore."""
+        from ..sandbox.fork import checkpoint_sandbox
+        from ..sandbox.sandbox import Sandbox
+
+        shell, sandbox = env.shell, env.container
+        if shell is None or not isinstance(sandbox, Sandbox):
+            raise RestoreError("processes=True needs an environment running in a gVisor sandbox")
+        if self._closed:
+            raise RestoreError(f"the {type(self).__name__} was closed during the replay")
+        labels = {**snapshot_labels(self.session_id, key.image), **sandbox.config["annotations"]}
+        name = f"{key.digest[:16]}-{self.session_id}"
+        try:
+            checkpoint = await shielded(
+                checkpoint_sandbox(sandbox, shell, name, labels), within=self.timeout
+            )
+        finally:
+            self._checkpoints.extend(self._pending_checkpoint(sandbox, name))
+        self._count(snapshots=1)
+        async with asyncio.TaskGroup() as tg:  # the stopped sandbox goes while env resumes
+            tg.create_task(sandbox.delete_stopped())
+            tg.create_task(env.resume_from_checkpoint(checkpoint, current))
+        return _Checkpointed(checkpoint=checkpoint, template=current)
+
+    def _pending_checkpoint(self, sandbox: Sandbox, name: str) -> list[Path]:
+        """The checkpoint directory, if made (``aclose`` removes it whatever happened)."""
+        directory = sandbox.runsc.checkpoints / name
+        return [directory] if directory.exists() else []
+
+    async def _fork(self, env: E, state: State, snap: _Snapshot | _Checkpointed,
+                    started: float) -> State:  # fmt: skip
         template = replace(snap.template, task=state.task, actions=state.actions, seed=state.seed)
+        if isinstance(snap, _Checkpointed):
+            began = time.monotonic()
+            await env.resume_from_checkpoint(snap.checkpoint, template)
+            self._count(forks=1)
+            record = {"method": "checkpoint", "checkpoint": snap.checkpoint.directory.name,
+                      "resume_sec": round(time.monotonic() - began, 6)}  # fmt: skip
+            return self._reanchor(env, state, started, {"restore": record})
         await env.resume_from_image(snap.image, template)
         if env.shell is None:
             raise EnvError(f"the forked {type(env).__name__} has no shell")

@@ -24,9 +24,8 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
-import aiodocker
 import aiohttp
 
 from .._resource import AsyncResource
@@ -34,13 +33,7 @@ from .._shield import shielded
 from ..errors import ClosedError, ContainerError, LlenvsError
 from .output import DEFAULT_MAX_OUTPUT_BYTES, CappedOutput, CommandResult
 
-if TYPE_CHECKING:
-    from aiodocker.execs import Exec
-    from aiodocker.stream import Stream
-
-    from .container import Container
-
-__all__ = ["ShellKind", "ShellSession"]
+__all__ = ["ShellChannel", "ShellHost", "ShellKind", "ShellSession", "ShellSnapshot"]
 
 ShellKind = Literal["auto", "bash", "sh"]
 
@@ -69,6 +62,76 @@ _ERREXIT = re.compile(r"\bset\s+(-[a-zA-Z]*e|-o\s+errexit)")
 # A shell's report of a syntax error (bash, dash and ash wordings), not an echoed line.
 _SYNTAX_LINE = re.compile(r"^[^\s:]+: (?:line )?(?:\d+: )?syntax error", re.I)
 _DATA, _TAGGED = 0, 1
+
+
+class ChannelMessage(Protocol):
+    """One chunk a channel read: ``stream`` 1 (the data channel) or 2 (the shell's own)."""
+
+    @property
+    def stream(self) -> int: ...
+
+    @property
+    def data(self) -> bytes: ...
+
+
+class ShellChannel(Protocol):
+    """The shell's byte streams: its stdin, its stdout (1) and stderr (2) as messages."""
+
+    async def write_in(self, data: bytes) -> None: ...
+
+    async def read_out(self) -> ChannelMessage | None:
+        """The next chunk, ``None`` at the end of both streams (the shell is gone)."""
+        ...
+
+    async def close(self) -> None: ...
+
+    async def exit_code(self) -> int | None:
+        """The shell's exit status once its streams ended (``None``: unknown)."""
+        ...
+
+
+class ShellHost(Protocol):
+    """Where a shell runs (a Docker container, a gVisor sandbox): opens its channel and
+    signals process trees (see ``Container.signal_tree``)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def short_id(self) -> str: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    async def open_channel(self, argv: list[str]) -> ShellChannel: ...
+
+    async def signal_tree(
+        self,
+        root_pid: int,
+        signal: Literal["INT", "TERM", "KILL"],
+        *,
+        keep_root: bool = False,
+        max_age_s: float | None = None,
+    ) -> int: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShellSnapshot:
+    """What a ``ShellSession`` knows of its shell process, so a session can adopt that
+    process again after its host was checkpointed and restored (``ShellSession.adopt``)."""
+
+    token: str
+    requested_shell: ShellKind
+    kind: str
+    pid: int
+    fd: int
+    seq: int
+    prompt_seq: bytes
+    flags: str
+    check_syntax_first: bool
+    parser: str
+    max_output_bytes: int
+    grace_s: float
 
 
 def _is_brace_error(line: str) -> bool:
@@ -191,9 +254,16 @@ class ShellSession(AsyncResource):
     """
 
     def __init__(
-        self, container: Container, *, shell: ShellKind, max_output_bytes: int, grace_s: float
+        self,
+        container: ShellHost,
+        *,
+        shell: ShellKind,
+        max_output_bytes: int,
+        grace_s: float,
+        token: str | None = None,
     ) -> None:
-        token = secrets.token_hex(8)
+        token = token or secrets.token_hex(8)
+        self._token = token
         self.container = container
         self.requested_shell: ShellKind = shell
         self.kind = ""
@@ -213,8 +283,7 @@ class ShellSession(AsyncResource):
         self._prompt_seq = b""  # the number in the PS2 the shell prints now
         self._flags = ""  # the shell's ``$-`` after the last command
         self._seq = 0
-        self._exec: Exec | None = None
-        self._stream: Stream | None = None
+        self._stream: ShellChannel | None = None
         self._lock = asyncio.Lock()
         self._unsettled_since: float | None = None
         self._check_syntax_first = False
@@ -224,7 +293,7 @@ class ShellSession(AsyncResource):
     @classmethod
     async def start(
         cls,
-        container: Container,
+        container: ShellHost,
         *,
         shell: ShellKind = "auto",
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
@@ -240,6 +309,53 @@ class ShellSession(AsyncResource):
         await session._launch()
         return session
 
+    @classmethod
+    def adopt(cls, host: ShellHost, snap: ShellSnapshot, channel: ShellChannel) -> ShellSession:
+        """A session driving the shell ``snap`` describes, still running in ``host`` (a
+        restored checkpoint), over a new ``channel`` to it: no new shell, state intact."""
+        session = cls(
+            host,
+            shell=snap.requested_shell,
+            max_output_bytes=snap.max_output_bytes,
+            grace_s=snap.grace_s,
+            token=snap.token,
+        )
+        session.kind, session.pid, session._fd, session._seq = (
+            snap.kind,
+            snap.pid,
+            snap.fd,
+            snap.seq,
+        )
+        session._prompt_seq, session._flags = snap.prompt_seq, snap.flags
+        session._check_syntax_first, session._parser = snap.check_syntax_first, snap.parser
+        session._promptvars = "\\shopt -s promptvars; " if snap.kind == "bash" else ""
+        session._stream = channel
+        return session
+
+    def snapshot(self) -> ShellSnapshot:
+        """This session's view of its shell (between commands), for ``adopt``."""
+        if self._unsettled_since is not None or self._stream is None or self._lock.locked():
+            raise ContainerError("the shell is busy: snapshot it between commands")
+        return ShellSnapshot(
+            token=self._token,
+            requested_shell=self.requested_shell,
+            kind=self.kind,
+            pid=self.pid,
+            fd=self._fd,
+            seq=self._seq,
+            prompt_seq=self._prompt_seq,
+            flags=self._flags,
+            check_syntax_first=self._check_syntax_first,
+            parser=self._parser,
+            max_output_bytes=self.max_output_bytes,
+            grace_s=self.grace_s,
+        )
+
+    @property
+    def channel(self) -> ShellChannel | None:
+        """The channel to the shell now (``None`` while it is being replaced)."""
+        return self._stream
+
     @property
     def closed(self) -> bool:
         return self._closed
@@ -250,8 +366,8 @@ class ShellSession(AsyncResource):
         )
 
     async def _launch(self) -> None:
-        self._exec, self._stream = await self.container.open_exec(
-            ["/bin/sh", "-c", _LAUNCH[self.requested_shell]], stdin=True
+        self._stream = await self.container.open_channel(
+            ["/bin/sh", "-c", _LAUNCH[self.requested_shell]]
         )
         self._data = _Scanner(self._tag.encode(), b"\n")
         self._noise = _Scanner(self._marker.encode(), b"__")
@@ -541,14 +657,7 @@ class ShellSession(AsyncResource):
         return await self._settle(self._pending(-1, _PROBE_LIMIT), since)
 
     async def _exit_code(self) -> int | None:
-        if self._exec is None:
-            return None
-        try:
-            info = await self._exec.inspect()
-        except (aiodocker.DockerError, aiohttp.ClientError, OSError):
-            return None
-        code = info.get("ExitCode")
-        return code if isinstance(code, int) else None
+        return None if self._stream is None else await self._stream.exit_code()
 
     async def restart(self) -> None:
         """Replace the shell with a fresh one (cwd and variables are lost)."""
@@ -573,7 +682,7 @@ class ShellSession(AsyncResource):
             await self._close_stream()
 
     async def _close_stream(self) -> None:
-        stream, self._stream, self._exec = self._stream, None, None
+        stream, self._stream = self._stream, None
         if stream is not None:
             await stream.close()
 

@@ -29,7 +29,8 @@ async def token_trajectories() -> list[Trajectory]:
             text=text, token_ids=ids, logprobs=tuple(-0.1 * (k + 1) for k in range(len(ids)))
         )
 
-    runner = Runner(ChainEnv(max_steps=3), ScriptedBackend(policy, tokenizer=tok), token_mode=True)
+    backend = ScriptedBackend(policy, tokenizer=tok, policy_version=3)
+    runner = Runner(ChainEnv(max_steps=3), backend, token_mode=True)
     return await runner.run_batch([0, 1, 2])
 
 
@@ -40,6 +41,8 @@ def expected_row(traj: Trajectory) -> dict[str, Any]:
         "input_ids": list(record.input_ids),
         "loss_mask": list(record.loss_mask),
         "logprobs": None if record.logprobs is None else list(record.logprobs),
+        "policy_versions": [3] if traj.transitions else [],
+        "token_versions": [3] * sum(record.loss_mask),
         "turns": [list(t) for t in record.turns],
         "prompt_length": record.prompt_length,
         "rewards": [t.reward for t in traj.transitions],

@@ -223,7 +223,8 @@ def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             server_command(tiny_model, port),
             stdout=sink,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **ENGINE_ENV},
+            # dev mode: the RL/dev endpoints OpenAIBackend.update_weights uses (127.0.0.1 only)
+            env={**os.environ, **ENGINE_ENV, "VLLM_SERVER_DEV_MODE": "1"},
             start_new_session=True,
         )
     try:

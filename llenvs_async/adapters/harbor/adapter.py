@@ -63,7 +63,10 @@ class HarborAdapter(AsyncResource):
     ``provision_verifier``: a ``test.sh`` of the common ``curl .../uv/<ver>/install.sh | sh;
     uvx --with ... pytest`` shape gets uv and its packages at build time and runs offline
     (see ``provision.py``; needs ``build_network``).
-    Close the adapter (``async with``) to remove the pool's containers and close its engine.
+    ``runtime="gvisor"``: episodes run in gVisor sandboxes (``llenvs_async.sandbox``; needs
+    runsc, root, no network), which ``SnapshotRestore(processes=True)`` can fork with their
+    processes. Close the adapter (``async with``) to remove the pool's containers and close
+    its engine.
     """
 
     def __init__(
@@ -80,12 +83,24 @@ class HarborAdapter(AsyncResource):
         warm_pool: int = 0,
         artifacts_dir: str | Path | None = None,
         provision_verifier: bool = False,
+        runtime: Literal["runc", "gvisor"] = "runc",
     ) -> None:
         if provision_verifier and not build_network:
             raise ValueError(
                 "provision_verifier=True fetches the verifier's uv/pytest at build time: "
                 "it needs build_network=True (--build-network)"
             )
+        if runtime not in ("runc", "gvisor"):
+            raise ValueError(f"runtime must be 'runc' or 'gvisor', got {runtime!r}")
+        if runtime == "gvisor":
+            from ...sandbox.runsc import find_runsc
+
+            if warm_pool:
+                raise ValueError(
+                    "warm_pool holds Docker containers, not gVisor sandboxes: "
+                    "use warm_pool=0 with runtime='gvisor'"
+                )
+            find_runsc()  # GvisorUnavailableError now, naming what is missing
         if isinstance(warm_pool, bool) or not isinstance(warm_pool, int) or warm_pool < 0:
             raise ValueError(f"warm_pool must be an int >= 0, got {warm_pool!r}")
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
@@ -113,6 +128,7 @@ class HarborAdapter(AsyncResource):
             pool=self.pool,
             artifacts_dir=Path(artifacts_dir).expanduser() if artifacts_dir else None,
             engine_users=set() if self._owns_engine and self.pool is None else None,
+            container_runtime=runtime,
         )
         self._closed = False
         self._cache = TaskCache(self.cache_dir, self.registry)

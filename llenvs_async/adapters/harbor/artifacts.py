@@ -18,11 +18,14 @@ import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...docker.container import Container
 from ...errors import ContainerError, VerifierError
 from .task import ArtifactSpec, CollectHook
+
+if TYPE_CHECKING:
+    from ...sandbox.sandbox import Sandbox
 
 __all__ = [
     "ARTIFACTS_DIR",
@@ -41,7 +44,7 @@ _CONVENTION = ArtifactSpec(source=ARTIFACTS_DIR, destination="logs-artifacts")
 
 
 async def run_collect_hooks(
-    services: Mapping[str, Container], hooks: Sequence[CollectHook], *, task_name: str
+    services: Mapping[str, Container | Sandbox], hooks: Sequence[CollectHook], *, task_name: str
 ) -> list[dict[str, Any]]:
     """Run each hook in its service; their outcomes (``service``, ``command``, ``exit_code``,
     ``timed_out``) for the step's info."""

@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ...docker.container import Container, ContainerSpec
 from ...docker.engine import DockerEngine
@@ -59,6 +59,10 @@ from .sidecars import Sidecars, extra_hosts, start_sidecars
 from .task import HarborTask, VerifierConfig, resolve_env
 from .verification import run_separate, run_tests, verifier_environment
 from .verifier import VerifierResult
+
+if TYPE_CHECKING:
+    from ...sandbox.fork import SandboxCheckpoint
+    from ...sandbox.sandbox import Sandbox
 
 __all__ = [
     "DATASET_LABEL",
@@ -107,6 +111,7 @@ class HarborRuntime:
     """Environments using ``engine`` now; when the last one closes the engine disconnects
     (reconnecting on next use), so an adapter that is never closed leaks no connection.
     ``None``: the engine's owner closes it (a caller's engine, or a warm pool's)."""
+    container_runtime: Literal["runc", "gvisor"] = "runc"
 
 
 class HarborEnvironment(ShellTaskEnvironment):
@@ -147,7 +152,7 @@ class HarborEnvironment(ShellTaskEnvironment):
         self._bridge = False
         self._budget_override = budget_sec
         self._engine: DockerEngine | None = None
-        self._container: Container | None = None
+        self._container: Container | Sandbox | None = None
         self._sidecars: Sidecars | None = None
         self._shell: ShellSession | None = None
         self._task: HarborTask | None = None
@@ -178,8 +183,13 @@ class HarborEnvironment(ShellTaskEnvironment):
         return self._workdir
 
     @property
-    def container(self) -> Container | None:
+    def container(self) -> Container | Sandbox | None:
+        """The episode's container, or its gVisor sandbox (``runtime="gvisor"``)."""
         return self._container
+
+    @property
+    def container_runtime(self) -> Literal["runc", "gvisor"]:
+        return self.runtime.container_runtime
 
     @property
     def shell(self) -> ShellSession | None:
@@ -272,7 +282,7 @@ class HarborEnvironment(ShellTaskEnvironment):
         collected = []
         if cfg.separate:
             collected = await collect_artifacts(
-                container, task.config.artifacts, task_name=task.name
+                self._docker_container(), task.config.artifacts, task_name=task.name
             )
             result, log = await run_separate(
                 await self._get_engine(),
@@ -298,7 +308,7 @@ class HarborEnvironment(ShellTaskEnvironment):
             )
             if self.runtime.artifacts_dir is not None:  # Harbor collects after verification
                 collected = await collect_artifacts(
-                    container, task.config.artifacts, task_name=task.name
+                    self._docker_container(), task.config.artifacts, task_name=task.name
                 )
         extra: dict[str, Any] = {}
         if hooks:
@@ -391,13 +401,30 @@ class HarborEnvironment(ShellTaskEnvironment):
         self._current = resumed
         return resumed
 
+    async def resume_from_checkpoint(self, checkpoint: SandboxCheckpoint, state: State) -> State:
+        """Continue ``state`` in a gVisor sandbox restored from ``checkpoint`` (taken of an
+        episode at ``state``): processes and the shell as they were; a new episode id."""
+        self._ensure_open()
+        start = await self._start(state.task, seed=state.seed, image=None, checkpoint=checkpoint)
+        resumed = replace(state, episode_id=start.episode_id, hidden=self._hidden())
+        self._current = resumed
+        return resumed
+
     # -- Environment template methods -------------------------------------------------------
 
     async def _reset(self, task: int | str | None, *, seed: int | None) -> State:
         return await self._start(task, seed=seed, image=None)
 
-    async def _start(self, task: int | str | None, *, seed: int | None, image: str | None) -> State:
-        """Start the task's container (from ``image`` if given, else the task image)."""
+    async def _start(
+        self,
+        task: int | str | None,
+        *,
+        seed: int | None,
+        image: str | None,
+        checkpoint: SandboxCheckpoint | None = None,
+    ) -> State:
+        """Start the task's container (from ``image`` if given, else the task image; from
+        ``checkpoint``: restore that gVisor sandbox)."""
         try:
             index, harbor_task = self.dataset.resolve(task)
         except (KeyError, IndexError, ValueError) as exc:
@@ -407,7 +434,10 @@ class HarborEnvironment(ShellTaskEnvironment):
             raise EnvError(f"task {harbor_task.name!r} needs {env_cfg.gpus} GPU(s); none offered")
         await self._drop_container()
         engine = await self._get_engine()
-        image = image or await self.runtime.images.ensure(engine, harbor_task)
+        if checkpoint is None:
+            image = image or await self.runtime.images.ensure(engine, harbor_task)
+        else:
+            image = checkpoint.spec.image
         network = self.runtime.allow_network and env_cfg.wants_network
         self._network = network
         self._bridge = network and await _daemon_has_bridge(engine)
@@ -427,7 +457,12 @@ class HarborEnvironment(ShellTaskEnvironment):
             cpus=env_cfg.cpus,
             labels={TASK_IMAGE_LABEL: harbor_task.name, DATASET_LABEL: self.dataset.spec},
         )
-        if self.runtime.pool is not None:  # started, shell open: no create on this path
+        if checkpoint is not None or self.runtime.container_runtime == "gvisor":
+            _check_gvisor_task(harbor_task, keep_artifacts=self.runtime.artifacts_dir is not None)
+            await self._start_sandbox(engine, spec, checkpoint)
+            container = self._container
+            assert container is not None
+        elif self.runtime.pool is not None:  # started, shell open: no create on this path
             warm = await self.runtime.pool.take(spec)
             container, self._shell = warm.container, warm.shell
             self._container = container
@@ -438,7 +473,7 @@ class HarborEnvironment(ShellTaskEnvironment):
         if compose is not None and compose.sidecars:
             try:
                 self._sidecars = await start_sidecars(
-                    engine, self.runtime.images, harbor_task, container,
+                    engine, self.runtime.images, harbor_task, self._docker_container(),
                     memory_bytes=spec.memory_bytes, cpus=spec.cpus,
                 )  # fmt: skip
             except BaseException:
@@ -461,6 +496,22 @@ class HarborEnvironment(ShellTaskEnvironment):
             hidden=self._hidden(),
             seed=seed,
         )
+
+    async def _start_sandbox(
+        self, engine: DockerEngine, spec: ContainerSpec, checkpoint: SandboxCheckpoint | None
+    ) -> None:
+        """A gVisor sandbox with its shell: new, or restored from ``checkpoint``."""
+        from ...sandbox.fork import resume_sandbox
+        from ...sandbox.sandbox import Sandbox
+
+        if checkpoint is not None:
+            self._container, self._shell = await resume_sandbox(checkpoint, engine.labels)
+            return
+        if self._network:
+            raise EnvError("the gVisor runtime runs sandboxes without a network (--network=none)")
+        sandbox = await Sandbox.create(engine, spec)
+        self._container = sandbox
+        self._shell = await sandbox.shell()
 
     async def _run_command(self, command: str) -> tuple[CommandResult, float]:
         return await self._run(command)
@@ -664,7 +715,14 @@ class HarborEnvironment(ShellTaskEnvironment):
             if container is not None:
                 await container.aclose()
 
-    def _require_container(self) -> Container:
+    def _docker_container(self) -> Container:
+        """The agent's container where only a Docker one will do (archives, sidecars)."""
+        container = self._require_container()
+        if not isinstance(container, Container):
+            raise EnvError("artifacts and sidecars need a Docker container (runtime='runc')")
+        return container
+
+    def _require_container(self) -> Container | Sandbox:
         if self._container is None:
             raise EnvError("HarborEnvironment has no container: call reset() first")
         return self._container
@@ -689,3 +747,17 @@ async def _daemon_has_bridge(engine: DockerEngine) -> bool:
     except ContainerError:
         return True  # unknown: say nothing about the bridge
     return any(isinstance(n, dict) and n.get("Name") == "bridge" for n in found or [])
+
+
+def _check_gvisor_task(task: HarborTask, *, keep_artifacts: bool) -> None:
+    """Refuse what a gVisor sandbox cannot host yet: Docker sidecars joined to its network
+    namespace, and artifacts copied out as tar archives (separate verifier, artifacts_dir)."""
+    what = None
+    if task.compose is not None and task.compose.sidecars:
+        what = "compose sidecars (they join a Docker container's network namespace)"
+    elif task.config.verifier.separate:
+        what = "a separate verifier environment (its artifacts are copied out as an archive)"
+    elif keep_artifacts:
+        what = "artifacts_dir (artifacts are copied out as an archive)"
+    if what is not None:
+        raise EnvError(f"task {task.name!r}: runtime='gvisor' does not support {what}; use runc")

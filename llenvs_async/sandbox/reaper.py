@@ -1,0 +1,192 @@
+"""Leak-proofing for gVisor sandboxes and checkpoint images: removal without an event loop,
+an ``atexit`` backstop for this process's, and ``reap_orphan_sandboxes`` for dead owners'.
+
+A sandbox's owner is in its OCI annotations (the container labels); a checkpoint image's
+in ``owner.json`` next to it. Both live under the machine's one runsc state root.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..docker.ownership import SESSION_LABEL, Owner, checkable, current_owner, process_alive
+from .runsc import Runsc, find_runsc
+
+__all__ = [
+    "ReapedSandbox",
+    "list_sandboxes",
+    "reap_orphan_sandboxes",
+    "register_sandbox_backstop",
+    "remove_own_sandboxes_sync",
+    "remove_sandbox_sync",
+    "write_owner",
+]
+
+_OWNER_FILE = "owner.json"
+_backstops: dict[Path, Runsc] = {}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReapedSandbox:
+    """A sandbox (``kind="sandbox"``) or checkpoint image (``"checkpoint"``) removed."""
+
+    id: str
+    kind: str
+    owner: str
+    session: str
+
+
+def remove_sandbox_sync(runsc: Runsc, sandbox_id: str) -> None:
+    """Kill and delete a sandbox and its bundle (a missing one is fine)."""
+    runsc.call_sync("kill", sandbox_id, "KILL")
+    done = runsc.call_sync("delete", "-force", sandbox_id)
+    if done.returncode != 0 and sandbox_id in _ids(runsc):
+        raise OSError(f"runsc delete {sandbox_id} failed: {done.stderr.strip()[-300:]}")
+    kill_bundle_processes(runsc.bundles / sandbox_id)
+    shutil.rmtree(runsc.bundles / sandbox_id, ignore_errors=True)
+
+
+def kill_bundle_processes(bundle: Path) -> int:
+    """SIGKILL the runsc processes of ``bundle`` that runsc does not know (a start cut off
+    before it recorded the sandbox); how many."""
+    mark = f"--bundle={bundle}".encode()
+    killed = 0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if mark in argv and argv[0].startswith(b"runsc"):
+            try:
+                os.kill(int(proc.name), signal.SIGKILL)
+                killed += 1
+            except OSError:
+                pass
+    return killed
+
+
+def _ids(runsc: Runsc) -> set[str]:
+    return {str(item.get("id")) for item in list_sandboxes(runsc)}
+
+
+def list_sandboxes(runsc: Runsc) -> list[dict[str, Any]]:
+    """``runsc list`` of the state root (id, status, annotations...)."""
+    done = runsc.call_sync("list", "-format=json")
+    if done.returncode != 0:
+        raise OSError(f"runsc list failed: {done.stderr.strip()[-300:]}")
+    listing = json.loads(done.stdout or "[]") or []
+    return [item for item in listing if isinstance(item, dict)]
+
+
+def write_owner(directory: Path, labels: Mapping[str, str]) -> None:
+    """Record who owns a checkpoint image (its labels) next to it."""
+    (directory / _OWNER_FILE).write_text(json.dumps(dict(labels)))
+
+
+def _checkpoint_owners(runsc: Runsc) -> list[tuple[Path, Mapping[str, str]]]:
+    found: list[tuple[Path, Mapping[str, str]]] = []
+    for directory in sorted(runsc.checkpoints.iterdir()) if runsc.checkpoints.exists() else []:
+        try:
+            labels = json.loads((directory / _OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            labels = {}
+        found.append((directory, labels if isinstance(labels, dict) else {}))
+    return found
+
+
+def _mine(labels: Mapping[str, str]) -> bool:
+    here = current_owner().labels
+    return all(labels.get(key) == value for key, value in here.items())
+
+
+def remove_own_sandboxes_sync(runsc: Runsc) -> list[str]:
+    """Remove every sandbox and checkpoint image of this process, without an event loop."""
+    removed = []
+    for item in list_sandboxes(runsc):
+        if _mine(item.get("annotations") or {}):
+            remove_sandbox_sync(runsc, str(item["id"]))
+            removed.append(str(item["id"]))
+    for directory, labels in _checkpoint_owners(runsc):
+        if _mine(labels):
+            shutil.rmtree(directory, ignore_errors=True)
+            removed.append(directory.name)
+    live = _ids(runsc)
+    for bundle in runsc.bundles.iterdir() if runsc.bundles.exists() else []:
+        if bundle.name not in live and _mine(_bundle_labels(bundle)):  # a start cut off
+            kill_bundle_processes(bundle)
+            shutil.rmtree(bundle, ignore_errors=True)
+            removed.append(bundle.name)
+    return removed
+
+
+def _bundle_labels(bundle: Path) -> Mapping[str, str]:
+    try:
+        labels = json.loads((bundle / "config.json").read_text()).get("annotations", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return labels if isinstance(labels, dict) else {}
+
+
+def _backstop() -> None:
+    for runsc in _backstops.values():
+        try:
+            removed = remove_own_sandboxes_sync(runsc)
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            print(f"llenvs-async: could not remove leftover sandboxes: {exc}", file=sys.stderr)
+            continue
+        if removed:
+            print(f"llenvs-async: removed {len(removed)} leftover sandbox(es)", file=sys.stderr)
+
+
+def register_sandbox_backstop(runsc: Runsc) -> None:
+    """Arm the ``atexit`` removal of this process's sandboxes under ``runsc.root``."""
+    if not _backstops:
+        atexit.register(_backstop)
+    _backstops.setdefault(runsc.root, runsc)
+
+
+def _orphaned(labels: Mapping[str, str], force: bool) -> Owner | None:
+    owner = Owner.from_labels(labels)
+    if owner is None:
+        return None
+    if process_alive(owner) if checkable(owner) else not force:
+        return None
+    return owner
+
+
+def reap_orphan_sandboxes(
+    runsc: Runsc | None = None, *, force: bool = False
+) -> list[ReapedSandbox]:
+    """Remove sandboxes and checkpoint images whose owner process is provably gone (same
+    rule as ``reap_orphans`` for containers; ``force``: also owners this process cannot check)."""
+    runsc = runsc or find_runsc()
+    reaped = []
+    for item in list_sandboxes(runsc):
+        labels = item.get("annotations") or {}
+        if (owner := _orphaned(labels, force)) is not None:
+            remove_sandbox_sync(runsc, str(item["id"]))
+            reaped.append(ReapedSandbox(id=str(item["id"]), kind="sandbox", owner=owner.label,
+                                        session=str(labels.get(SESSION_LABEL, ""))))  # fmt: skip
+    for directory, labels in _checkpoint_owners(runsc):
+        if (owner := _orphaned(labels, force)) is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+            reaped.append(ReapedSandbox(id=directory.name, kind="checkpoint", owner=owner.label,
+                                        session=str(labels.get(SESSION_LABEL, ""))))  # fmt: skip
+    live = _ids(runsc)
+    for bundle in runsc.bundles.iterdir() if runsc.bundles.exists() else []:
+        if bundle.name not in live and _orphaned(_bundle_labels(bundle), force) is not None:
+            kill_bundle_processes(bundle)  # a start cut off before runsc recorded it
+            shutil.rmtree(bundle, ignore_errors=True)
+    return reaped

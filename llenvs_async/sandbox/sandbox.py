@@ -1,0 +1,383 @@
+"""``Sandbox``: a gVisor (runsc) sandbox with a container's interface: exec with timeouts,
+persistent shells, files, checkpoint and restore, idempotent removal.
+
+Same defaults as ``Container``: no network (``--network=none``: loopback only), no new
+privileges, Docker's capabilities less ``ContainerSpec.cap_drop``, pids/memory/cpu limits
+(OCI ``linux.resources``, enforced by runsc's cgroups), tini as init, the ownership labels
+as OCI annotations (``runsc list`` shows them: how ``reap_orphan_sandboxes`` finds leftovers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import math
+import secrets
+import subprocess
+import tarfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from .._resource import AsyncResource
+from .._shield import shielded
+from ..docker.container import KILL_TREE_SCRIPT, ContainerSpec
+from ..docker.engine import DockerEngine
+from ..docker.output import DEFAULT_MAX_OUTPUT_BYTES, CappedOutput, CommandResult
+from ..docker.shell import ShellChannel, ShellKind, ShellSession
+from ..errors import ClosedError, ContainerError
+from .bundle import ImageRootfs, ensure_rootfs, find_init, oci_config, write_bundle
+from .channel import SHELL_DIR, START_SCRIPT, FifoChannel
+from .reaper import register_sandbox_backstop, remove_sandbox_sync
+from .runsc import Runsc, find_runsc
+
+__all__ = ["Sandbox"]
+
+_PID_MARK = b"__llenvs_pid__"
+# A missing file, told apart from other failures of ``get_file``.
+_MISSING = 44
+
+
+class Sandbox(AsyncResource):
+    """A running gVisor sandbox owned by this process; ``aclose`` kills and deletes it."""
+
+    def __init__(
+        self,
+        runsc: Runsc,
+        sandbox_id: str,
+        spec: ContainerSpec,
+        config: Mapping[str, Any],
+        *,
+        remove_timeout: float = 30.0,
+    ) -> None:
+        self.runsc = runsc
+        self.id = sandbox_id
+        self.spec = spec
+        self.config = config
+        self.remove_timeout = remove_timeout
+        self._sessions: list[ShellSession] = []
+        self._channels: list[FifoChannel] = []
+        self._closed = False
+
+    @classmethod
+    async def create(
+        cls,
+        engine: DockerEngine,
+        spec: ContainerSpec,
+        *,
+        runsc: Runsc | None = None,
+        create_timeout: float = 120.0,
+    ) -> Sandbox:
+        """Start a sandbox from ``spec.image`` (a local image, exported once for gVisor)."""
+        runsc = runsc or find_runsc()
+        rootfs: ImageRootfs = await ensure_rootfs(engine, spec.image)
+        annotations = {**spec.labels, **engine.labels}
+        config = oci_config(spec, rootfs, init=find_init(), annotations=annotations)
+        return await cls._start(runsc, spec, config, ("run",), create_timeout)
+
+    @classmethod
+    async def restore(
+        cls,
+        runsc: Runsc,
+        spec: ContainerSpec,
+        config: Mapping[str, Any],
+        image_path: Path,
+        *,
+        labels: Mapping[str, str],
+        create_timeout: float = 120.0,
+    ) -> Sandbox:
+        """A new sandbox resumed from a checkpoint image made by ``checkpoint`` (processes,
+        memory and the in-memory filesystem as they were); ``labels``: its owner now."""
+        config = {**config, "annotations": {**config.get("annotations", {}), **labels}}
+        restore = ("restore", f"--image-path={image_path}")
+        return await cls._start(runsc, spec, config, restore, create_timeout)
+
+    @classmethod
+    async def _start(
+        cls,
+        runsc: Runsc,
+        spec: ContainerSpec,
+        config: Mapping[str, Any],
+        how: Sequence[str],
+        create_timeout: float,
+    ) -> Sandbox:
+        sandbox_id = f"llenvs-{secrets.token_hex(8)}"
+        bundle = runsc.bundles / sandbox_id
+        write_bundle(bundle, config)
+        register_sandbox_backstop(runsc)
+        start = runsc.call(*how, f"--bundle={bundle}", "-detach", sandbox_id, sandbox=True,
+                           timeout=create_timeout, what=f"{how[0]} {sandbox_id}",
+                           log=bundle / "runsc.log")  # fmt: skip
+        try:
+            await shielded(start, within=create_timeout + 5)
+        except BaseException as exc:
+            try:
+                await shielded(asyncio.to_thread(remove_sandbox_sync, runsc, sandbox_id), within=30)
+            except (OSError, subprocess.SubprocessError, TimeoutError) as cleanup:
+                exc.add_note(f"removing the half-made sandbox failed too: {cleanup!r}")
+            raise
+        return cls(runsc, sandbox_id, spec, config)
+
+    @property
+    def short_id(self) -> str:
+        return self.id.removeprefix("llenvs-")[:12]
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def workdir(self) -> str:
+        return str(self.config["process"]["cwd"])
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"Sandbox {self.short_id}")
+
+    async def inspect(self) -> dict[str, Any]:
+        """A Docker-shaped subset (``Id``, ``Config.WorkingDir``/``Env``), for shared callers."""
+        self._check_open()
+        process = self.config["process"]
+        return {"Id": self.id, "Config": {"WorkingDir": process["cwd"], "Env": process["env"]}}
+
+    def _exec_argv(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        user: str | None = None,
+    ) -> list[str]:
+        flags = [f"--env={k}={v}" for k, v in (env or {}).items()]
+        if workdir:
+            flags.append(f"--cwd={workdir}")
+        if user:
+            flags.append(f"--user={user}")
+        return self.runsc.argv("exec", *flags, self.id, *argv)
+
+    async def exec(
+        self,
+        argv: str | Sequence[str],
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - on timeout the processes are killed
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        user: str | None = None,
+        stdin: bytes | None = None,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    ) -> CommandResult:
+        """Run one process (``runsc exec``; a string runs under ``/bin/sh -c``); stdout and
+        stderr combined. On timeout or cancellation its group and descendants are killed."""
+        self._check_open()
+        command = ["/bin/sh", "-c", argv] if isinstance(argv, str) else list(argv)
+        if not command:
+            raise ValueError("exec needs a non-empty argv")
+        mark = _PID_MARK.decode()
+        wrapped = ["/bin/sh", "-c", f'printf "{mark}%d\\n" $$; exec "$@"', "sh", *command]
+        started = time.monotonic()
+        proc = await asyncio.create_subprocess_exec(
+            *self._exec_argv(wrapped, env=env, workdir=workdir, user=user),
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        out = CappedOutput(max_output_bytes)
+        pid: list[int] = []
+        timed_out = False
+        try:
+            try:
+                async with asyncio.timeout(timeout):
+                    await _drain(proc, out, pid, stdin)
+            except TimeoutError:
+                timed_out = True
+                if pid and pid[0] > 0:
+                    await self.signal_tree(pid[0], "KILL")
+                async with asyncio.timeout(10):
+                    await _drain(proc, out, pid, None)
+        except BaseException:
+            if proc.returncode is None:
+                if pid and pid[0] > 0:
+                    await shielded(self.signal_tree(pid[0], "KILL"), within=10)
+                proc.kill()
+                await shielded(proc.wait(), within=10)
+            raise
+        return CommandResult(
+            output=out.text(),
+            exit_code=proc.returncode,
+            timed_out=timed_out,
+            truncated_bytes=out.truncated_bytes,
+            duration_s=time.monotonic() - started,
+        )
+
+    async def signal_tree(
+        self,
+        root_pid: int,
+        signal: Literal["INT", "TERM", "KILL"],
+        *,
+        keep_root: bool = False,
+        max_age_s: float | None = None,
+    ) -> int:
+        """Signal ``root_pid``'s process group and descendants (as ``Container.signal_tree``)."""
+        age = "-" if max_age_s is None else str(math.ceil(max_age_s * 100) + 50)
+        argv = ["/bin/sh", "-c", KILL_TREE_SCRIPT, "llenvs-kill", signal, str(root_pid),
+                "1" if keep_root else "0", age]  # fmt: skip
+        proc = await asyncio.create_subprocess_exec(
+            *self._exec_argv(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        out, _ = await proc.communicate()
+        text = out.decode(errors="replace").strip()
+        return int(text) if text.isdigit() else 0
+
+    async def open_channel(self, argv: list[str]) -> ShellChannel:
+        """Start ``argv`` on FIFOs in the sandbox and relay to it (see ``channel``)."""
+        self._check_open()
+        directory = f"{SHELL_DIR}/{secrets.token_hex(6)}"
+        result = await self.exec(["/bin/sh", "-c", START_SCRIPT, "sh", directory, *argv])
+        if not result.ok:
+            raise ContainerError(
+                f"could not start a shell in sandbox {self.short_id} (needs mkfifo): "
+                f"{result.output.strip()[-300:]!r}",
+                container_id=self.id,
+            )
+        return await self.attach_channel(directory)
+
+    async def attach_channel(self, directory: str) -> FifoChannel:
+        """A new relay to the shell whose FIFOs are in ``directory`` (after a restore)."""
+        self._check_open()
+        channel = await FifoChannel.attach(self, directory)
+        self._channels.append(channel)
+        return channel
+
+    async def shell(
+        self, *, shell: ShellKind = "auto", max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
+    ) -> ShellSession:
+        """Start a persistent shell in this sandbox; it is closed with the sandbox."""
+        session = await ShellSession.start(self, shell=shell, max_output_bytes=max_output_bytes)
+        self._sessions.append(session)
+        return session
+
+    def track(self, session: ShellSession) -> None:
+        """Close ``session`` (an adopted shell) with this sandbox."""
+        self._sessions.append(session)
+
+    async def put_file(self, path: str, content: bytes | str, *, mode: int = 0o644) -> None:
+        await self.put_files({path: content}, mode=mode)
+
+    async def put_files(self, files: Mapping[str, bytes | str], *, mode: int = 0o644) -> None:
+        """Write files (absolute paths; missing parent directories are created)."""
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for path, content in files.items():
+                if not path.startswith("/"):
+                    raise ValueError(f"put_files needs absolute paths, got {path!r}")
+                data = content.encode() if isinstance(content, str) else content
+                member = tarfile.TarInfo(path.lstrip("/"))
+                member.size, member.mode, member.mtime = len(data), mode, int(time.time())
+                tar.addfile(member, io.BytesIO(data))
+        await self.put_archive("/", buf.getvalue())
+
+    async def put_archive(self, directory: str, tar_bytes: bytes) -> None:
+        """Extract a tar archive into ``directory`` (needs ``tar`` in the image)."""
+        result = await self.exec(["tar", "-x", "-f", "-", "-C", directory], stdin=tar_bytes,
+                                 user="0:0")  # fmt: skip
+        if not result.ok:
+            raise ContainerError(
+                f"copying files into {directory!r} failed: {result.output.strip()[-300:]}",
+                container_id=self.id,
+            )
+
+    async def get_file(self, path: str) -> bytes:
+        """Read one regular file (``ContainerError`` with ``status=404`` when missing)."""
+        script = f'[ -f "$1" ] || exit {_MISSING}; exec cat -- "$1"'
+        result = await self.exec(["/bin/sh", "-c", script, "sh", path], user="0:0",
+                                 max_output_bytes=64 << 20)  # fmt: skip
+        if result.exit_code == _MISSING:
+            raise ContainerError(f"{path!r} is not a file", container_id=self.id, status=404)
+        if not result.ok:
+            raise ContainerError(f"reading {path!r} failed: {result.output[-300:]}",
+                                 container_id=self.id)  # fmt: skip
+        return result.output.encode("utf-8", "surrogateescape")
+
+    async def checkpoint(self, image_path: Path) -> None:
+        """Save the whole sandbox (processes, memory, in-memory filesystem) into ``image_path``.
+
+        The relays of its shells end first (a checkpoint holds no host descriptors); the
+        sandbox stops: continue in one restored from the image. This object is closed, its
+        stopped sandbox not yet deleted: ``delete_stopped`` does that (``runsc delete`` takes
+        seconds here, so it runs alongside the restores).
+        """
+        self._check_open()
+        channels, self._channels = self._channels, []
+        for channel in channels:
+            await channel.close()
+        await asyncio.to_thread(image_path.mkdir, parents=True, exist_ok=True)
+        try:
+            await self.runsc.call("checkpoint", f"--image-path={image_path}", self.id,
+                                  timeout=self.remove_timeout * 4, what="checkpoint")  # fmt: skip
+        except BaseException:
+            await self.aclose()
+            raise
+        self._closed = True
+        sessions, self._sessions = self._sessions, []
+        for session in sessions:
+            await session.detach()
+
+    async def delete_stopped(self) -> None:
+        """Delete the sandbox ``checkpoint`` stopped (shielded; idempotent)."""
+        await shielded(asyncio.to_thread(remove_sandbox_sync, self.runsc, self.id), within=60)
+
+    async def aclose(self) -> None:
+        """Kill and delete the sandbox and its bundle (idempotent, shielded, bounded)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await shielded(
+                asyncio.to_thread(remove_sandbox_sync, self.runsc, self.id),
+                within=self.remove_timeout,
+            )
+        except (OSError, subprocess.SubprocessError, TimeoutError) as exc:
+            raise ContainerError(
+                f"removing sandbox {self.id} failed: {exc!r}", container_id=self.id
+            ) from exc
+        finally:  # after the sandbox: the pipes it held are closed now
+            sessions, self._sessions = self._sessions, []
+            for session in sessions:
+                await session.detach()
+            channels, self._channels = self._channels, []
+            for channel in channels:
+                await shielded(channel.close(), within=15)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<Sandbox {self.id} image={self.spec.image!r} {state}>"
+
+
+async def _drain(
+    proc: asyncio.subprocess.Process, out: CappedOutput, pid: list[int], stdin: bytes | None
+) -> None:
+    """Feed ``stdin``, read stdout to its end (the first line carries the pid), wait."""
+    assert proc.stdout is not None
+    if stdin is not None and proc.stdin is not None:
+        proc.stdin.write(stdin)
+        await proc.stdin.drain()
+        proc.stdin.close()
+    head = b""
+    while chunk := await proc.stdout.read(65536):
+        if not pid:
+            head += chunk
+            line, newline, rest = head.partition(b"\n")
+            if not newline:
+                continue
+            if line.startswith(_PID_MARK) and line[len(_PID_MARK) :].isdigit():
+                pid.append(int(line[len(_PID_MARK) :]))
+                chunk = rest
+            else:
+                pid.append(0)
+                chunk = head
+        out.feed(chunk)
+    if not pid:
+        out.feed(head)
+    await proc.wait()
