@@ -24,12 +24,11 @@ from .conftest import counter_policy
 
 
 class VersionedBackend(ScriptedBackend):
-    """ScriptedBackend whose completions carry ``policy_version``; ``update_weights``
-    bumps it (the trainer's side of the contract). ``delay`` models engine time."""
+    """ScriptedBackend whose completions carry ``policy_version`` as it is after ``delay``
+    (engine time); ``update_weights`` (ScriptedBackend's) bumps it, the trainer's side."""
 
     def __init__(self, policy, delay: float = 0.0) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(policy)
-        self.policy_version = 0
+        super().__init__(policy, policy_version=0)
         self.delay = delay
 
     async def generate(
@@ -39,9 +38,6 @@ class VersionedBackend(ScriptedBackend):
         if self.delay:
             await asyncio.sleep(self.delay)
         return [dataclasses.replace(c, policy_version=self.policy_version) for c in out]
-
-    async def update_weights(self, *, version: int) -> None:
-        self.policy_version = version
 
 
 def _staleness(backend: VersionedBackend, group: Sequence[object]) -> int:
@@ -103,7 +99,7 @@ async def test_the_staleness_bound_holds(
             if trainer == "slower":
                 await asyncio.sleep(0.01)  # training takes longer than a rollout
             step += 1
-            await backend.update_weights(version=step)
+            await backend.update_weights((), version=step)
             if step == 24:
                 break
     stats = stream.stats
@@ -128,7 +124,7 @@ async def test_a_group_stale_at_yield_time_is_discarded_counted_and_rerun(
         async for (trajectory,) in stream:
             assert _staleness(backend, [trajectory]) <= 1
             tasks.append(trajectory.initial_state.task)
-            await backend.update_weights(version=backend.policy_version + 3)
+            await backend.update_weights((), version=backend.policy_version + 3)
     assert tasks == [0, 9]  # nothing lost: the discarded input was rolled out again
     assert stream.stats.discarded_stale == 1 and stream.stats.groups_started == 3
 
@@ -143,7 +139,7 @@ async def test_with_max_staleness_0_generation_is_on_policy(counter_factory) -> 
     ) as stream:
         async for step, group in aenumerate(stream):
             assert {v for t in group for v in t.policy_versions} == {step}
-            await backend.update_weights(version=step + 1)
+            await backend.update_weights((), version=step + 1)
             if step == 5:
                 break
     assert stream.stats.discarded_stale == 0 and stream.stats.outstanding_high_water == 1
@@ -167,7 +163,7 @@ async def test_a_trainer_taking_several_groups_per_version_gets_them_in_parallel
             assert _staleness(backend, group) == 0
             taken += 1
             if taken % 3 == 0:
-                await backend.update_weights(version=taken // 3)
+                await backend.update_weights((), version=taken // 3)
             if taken == 12:
                 break
     assert stream.stats.groups_per_version == 3
