@@ -310,3 +310,21 @@ def test_a_docker_run_shows_each_commands_duration(docker_ready: None, tmp_path:
             assert step["timing"] == {"duration_sec": transition.info["duration_sec"]}
             assert 0 < step["timing"]["duration_sec"] < 60
     assert sum("duration_sec" in s["timing"] for s in detail["steps"]) == len(traj) - 1
+
+
+def test_embedded_data_holding_a_template_marker_stays_intact() -> None:
+    """Trajectory text may contain ``/*DETAILS*/``: the page is filled in one pass, so the
+    details never land inside the document's JSON."""
+    import json as _json
+    import re as _re
+
+    from llenvs_async.viewer.page import render_page
+
+    document = {"note": "echo '/*DETAILS*/ /*JS*/ /*CSS*/'"}
+    details = {"0": {"actions": ["ls"]}}
+    html = render_page(document, details)
+    found = dict(
+        _re.findall(r'<script id="viewer-(\w+)" type="application/json">(.*?)</script>', html)
+    )
+    assert _json.loads(found["document"]) == document
+    assert _json.loads(found["details"]) == details
