@@ -1,24 +1,25 @@
-"""Harbor datasets as CLI sources: adapter, factory, ``harbor_restore`` and the solution oracle."""
+"""Harbor datasets as CLI sources: adapter, factory, ``harbor_restore`` and the oracle."""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Sequence
 from typing import Literal
 
-from ..adapters.harbor import HarborAdapter, HarborDataset, HarborTask, harbor_restore
-from ..adapters.harbor.steps import oracle_actions
+from ..adapters.harbor import (
+    HarborAdapter,
+    HarborTask,
+    harbor_restore,
+)
+from ..adapters.harbor.oracle import dataset_oracle
 from ..docker.engine import DockerEngine
 from ..env import Environment
-from ..policies import OraclePolicy, harbor_mistakes, harbor_oracle
-from ._sources import Source, SourceSpec, TaskRef
+from ..policies import OraclePolicy
+from ._source_types import Source, SourceSpec, TaskRef
 
 __all__ = [
     "DEFAULT_MAX_STEPS",
     "SYSTEM_PROMPT",
     "describe",
     "open_harbor",
-    "solution_lookup",
 ]
 
 DEFAULT_MAX_STEPS = 30
@@ -27,19 +28,6 @@ SYSTEM_PROMPT = (
     "Each reply is ONE shell command in a ```bash fenced block; you will see its output. "
     "When the task is complete, reply with the single word SUBMIT."
 )
-
-
-def solution_lookup(dataset: HarborDataset) -> Callable[[int | str | None], Sequence[str]]:
-    """``task -> solution commands`` (solve.sh as one oracle action; a multi-step task's
-    step solutions in turn, ``SUBMIT`` between them), cached."""
-    cache: dict[int | str | None, Sequence[str]] = {}
-
-    def lookup(task: int | str | None) -> Sequence[str]:
-        if task not in cache:
-            cache[task] = oracle_actions(dataset.resolve(task)[1])
-        return cache[task]
-
-    return lookup
 
 
 def describe(task: HarborTask) -> str:
@@ -71,14 +59,8 @@ async def open_harbor(spec: SourceSpec) -> Source:
             spec.dataset or "", max_steps=max_steps, command_timeout_sec=command_timeout
         )
 
-    solutions = solution_lookup(dataset)
-
-    @functools.cache
-    def mistakes(task: int | str | None) -> Sequence[str]:
-        return harbor_mistakes(dataset.resolve(task)[1].declared_workdir)
-
     def oracle(epsilon: float, seed: int) -> OraclePolicy:
-        return harbor_oracle(solutions, epsilon=epsilon, seed=seed, mistakes=mistakes)
+        return dataset_oracle(dataset, epsilon=epsilon, seed=seed)
 
     tasks = [TaskRef(key=t.name, task=t.name, description=describe(t)) for t in dataset.tasks]
     # A task that cannot load is still listed (last): its rollouts record its TaskLoadError.

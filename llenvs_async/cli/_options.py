@@ -9,7 +9,7 @@ import typer
 
 from ._backend import BackendKind, BackendOptions
 from ._common import CliError
-from ._sources import HarborOptions
+from ._source_types import HarborOptions
 
 __all__ = [
     "AllowNetworkOpt",
