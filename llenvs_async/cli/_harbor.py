@@ -6,13 +6,17 @@ from typing import Literal
 
 from ..adapters.harbor import (
     HarborAdapter,
+    HarborEnvironment,
     HarborTask,
     harbor_restore,
+    start_at_step,
 )
 from ..adapters.harbor.oracle import dataset_oracle
 from ..docker.engine import DockerEngine
 from ..env import Environment
 from ..policies import OraclePolicy
+from ..types import State
+from ._common import CliError
 from ._source_types import Source, SourceSpec, TaskRef
 
 __all__ = [
@@ -49,6 +53,7 @@ async def open_harbor(spec: SourceSpec) -> Source:
         build_ca_bundle=options.build_ca_bundle,
         provision_verifier=options.provision_verifier,
         runtime="gvisor" if options.runtime == "gvisor" else "runc",
+        artifacts_dir=options.artifacts_dir,
     )
     dataset = await adapter.get_dataset(spec.dataset)
     max_steps = spec.max_steps or DEFAULT_MAX_STEPS
@@ -69,6 +74,15 @@ async def open_harbor(spec: SourceSpec) -> Source:
         for name, exc in dataset.unloadable.items()
     ]
 
+    start = None
+    if options.start_step is not None:
+        step = options.start_step
+
+        async def start(env: Environment, ref: TaskRef, seed: int | None) -> State:
+            if not isinstance(env, HarborEnvironment):  # a Ray actor's proxy
+                raise CliError("--start-step runs in this process (not with --ray-address)")
+            return await start_at_step(env, ref.task, step, seed=seed)
+
     async def preflight() -> None:
         async with DockerEngine() as engine:
             await engine.connect()
@@ -76,5 +90,5 @@ async def open_harbor(spec: SourceSpec) -> Source:
     return Source(
         spec=spec, environment=await factory(), env_factory=factory, restore_fn=harbor_restore,
         tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT, preflight=preflight,
-        close=adapter.aclose,
+        start=start, close=adapter.aclose,
     )  # fmt: skip

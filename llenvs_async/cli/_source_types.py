@@ -13,6 +13,7 @@ from typing import Any
 
 from ..env import EnvFactory, Environment, RestoreFn
 from ..policies import OraclePolicy
+from ..types import State
 from ._common import CliError
 
 __all__ = ["BUILTIN_ENVS", "HarborOptions", "Source", "SourceSpec", "TaskRef"]
@@ -35,6 +36,10 @@ class HarborOptions:
     provision_verifier: bool = False
     runtime: str = "runc"
     """``runc`` (Docker containers) or ``gvisor`` (runsc sandboxes)."""
+    artifacts_dir: str | None = None
+    """Where verified episodes' artifacts are kept (``--artifacts-dir``); None: not kept."""
+    start_step: str | None = None
+    """Multi-step tasks: the step every rollout starts at (``--start-step``)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -45,6 +50,8 @@ class HarborOptions:
             "command_timeout": self.command_timeout,
             "provision_verifier": self.provision_verifier,
             "runtime": self.runtime,
+            "artifacts_dir": self.artifacts_dir,
+            "start_step": self.start_step,
         }
 
     @classmethod
@@ -62,6 +69,8 @@ class HarborOptions:
             command_timeout=data.get("command_timeout"),
             provision_verifier=bool(data.get("provision_verifier", False)),
             runtime=str(data.get("runtime", "runc")),
+            artifacts_dir=data.get("artifacts_dir"),
+            start_step=data.get("start_step"),
         )
 
 
@@ -154,8 +163,16 @@ class Source:
     system_prompt: str | None = None
     preflight: Callable[[], Awaitable[None]] | None = None
     """Fails fast (e.g. no Docker engine) before any rollout or output file is started."""
+    start: Callable[[Environment, TaskRef, int | None], Awaitable[State]] | None = None
+    """How a task's episode starts (``None``: ``environment.reset(ref.task, seed=seed)``)."""
     close: Callable[[], Awaitable[None]] | None = None
     """Closes what the source opened besides its environment (a Harbor adapter)."""
+
+    async def reset(self, env: Environment, ref: TaskRef, seed: int | None) -> State:
+        """Start ``ref``'s episode on ``env`` (a fresh instance of this source's)."""
+        if self.start is not None:
+            return await self.start(env, ref, seed)
+        return await env.reset(ref.task, seed=seed)
 
     async def check(self) -> None:
         if self.preflight is not None:
