@@ -15,7 +15,7 @@ from typing import Any
 
 from ...docker.container import Container
 from ...docker.engine import DockerEngine
-from .artifacts import collect_artifacts, run_collect_hooks, save_artifacts, transfer_tar
+from .artifacts import Collected, collect_artifacts, run_collect_hooks, save_artifacts, transfer_tar
 from .instance import DATASET_LABEL, HarborRuntime, Instance, as_docker
 from .network import check_offline_verifier
 from .provision import offline_test_sh
@@ -50,14 +50,18 @@ async def verify_instance(
             task, log, network=network, bridge=instance.bridge, provisioned=provisioned
         )
 
+    sidecars = instance.sidecars.containers if instance.sidecars is not None else {}
     hooks = await run_collect_hooks(
-        {"main": container}, task.config.verifier.collect, task_name=task.name
+        {"main": container, **sidecars}, task.config.verifier.collect, task_name=task.name
     )
+
+    async def collect() -> list[Collected]:
+        services = {"main": as_docker(container), **sidecars}
+        return await collect_artifacts(services, task.config.artifacts, task_name=task.name)
+
     collected = []
     if cfg.separate:
-        collected = await collect_artifacts(
-            as_docker(container), task.config.artifacts, task_name=task.name
-        )
+        collected = await collect()
         result, log = await run_separate(
             await engine(),
             runtime.images,
@@ -84,9 +88,7 @@ async def verify_instance(
             offline=offline,
         )
         if runtime.artifacts_dir is not None:  # Harbor collects after verification
-            collected = await collect_artifacts(
-                as_docker(container), task.config.artifacts, task_name=task.name
-            )
+            collected = await collect()
     extra: dict[str, Any] = {}
     if hooks:
         extra["collect_hooks"] = hooks
