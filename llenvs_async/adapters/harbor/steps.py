@@ -29,9 +29,10 @@ import io
 import math
 import tarfile
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ...docker.shell_task import SUBMITTED_TEXT
 from ...errors import EnvError, RestoreError
@@ -40,10 +41,13 @@ from .task import HarborTask, TaskStep, VerifierConfig
 from .verifier import VerifierResult
 
 if TYPE_CHECKING:
-    from .environment import HarborEnvironment
+    from ...docker.container import Container
+    from ...sandbox.sandbox import Sandbox
+    from .dataset import HarborDataset
 
 __all__ = [
     "STEP_SETUP_PATH",
+    "StepEpisode",
     "agent_timeout",
     "aggregate",
     "enter_step",
@@ -60,6 +64,47 @@ __all__ = [
 
 STEP_SETUP_PATH = "/tmp/.llenvs-step-setup.sh"
 _SETUP_TIMEOUT_SEC = 600.0
+
+
+class StepEpisode(Protocol):
+    """What the step machinery drives: ``HarborEnvironment`` (typed here so that this module
+    does not import the environment that uses it)."""
+
+    dataset: HarborDataset
+    submit_keyword: str
+    _step_index: int
+    _step_results: list[dict[str, Any]]
+    _replaying: bool
+
+    @property
+    def task(self) -> HarborTask | None: ...
+
+    @property
+    def container(self) -> Container | Sandbox | None: ...
+
+    @property
+    def workdir(self) -> str: ...
+
+    def replaying(self) -> AbstractContextManager[None]: ...
+
+    async def reset(self, task: int | str | None = None, *, seed: int | None = None) -> State: ...
+
+    async def step(self, state: State, action: Action) -> StepResult: ...
+
+    async def verify(self) -> VerifierResult: ...
+
+    def _restart_budget(self) -> None: ...
+
+    def _result(
+        self,
+        state: State,
+        action: Action,
+        text: str,
+        reward: float,
+        info: Mapping[str, Any],
+        *,
+        terminated: bool = False,
+    ) -> StepResult: ...
 
 
 def passes(min_reward: float | Mapping[str, float] | None, verdict: VerifierResult) -> bool:
@@ -134,7 +179,7 @@ def _workdir_tar(step: TaskStep, workdir: str) -> bytes | None:
     return buf.getvalue()
 
 
-async def enter_step(env: HarborEnvironment, index: int) -> None:
+async def enter_step(env: StepEpisode, index: int) -> None:
     """Stage step ``index``: copy its ``workdir/`` into the working directory and run its
     ``workdir/setup.sh`` there (as root); a failing setup is an ``EnvError``."""
     task, container = env.task, env.container
@@ -161,7 +206,7 @@ async def enter_step(env: HarborEnvironment, index: int) -> None:
         )
 
 
-def _record(env: HarborEnvironment, task: HarborTask, verdict: VerifierResult) -> dict[str, Any]:
+def _record(env: StepEpisode, task: HarborTask, verdict: VerifierResult) -> dict[str, Any]:
     """Add the current step's verdict to the episode's step results; the info keys that say so."""
     name = task.steps[env._step_index].name
     results = env._step_results
@@ -174,7 +219,7 @@ def _record(env: HarborEnvironment, task: HarborTask, verdict: VerifierResult) -
 
 
 def final_verdict(
-    env: HarborEnvironment, task: HarborTask, verdict: VerifierResult
+    env: StepEpisode, task: HarborTask, verdict: VerifierResult
 ) -> tuple[float, dict[str, Any]]:
     """The episode's reward and info once it ends with ``verdict`` of the current step."""
     info = {**verdict.info(), **_record(env, task, verdict)}
@@ -182,7 +227,7 @@ def final_verdict(
 
 
 async def submit_step(
-    env: HarborEnvironment, state: State, action: Action, task: HarborTask
+    env: StepEpisode, state: State, action: Action, task: HarborTask
 ) -> StepResult:
     """A multi-step task's ``SUBMIT``: verify this step, then end the episode (last step,
     or a ``min_reward`` miss) or open the next step."""
@@ -244,7 +289,7 @@ def step_index(task: HarborTask, step: int | str) -> int:
 
 
 async def start_at_step(
-    env: HarborEnvironment, task: int | str, step: int | str, *, seed: int | None = None
+    env: StepEpisode, task: int | str, step: int | str, *, seed: int | None = None
 ) -> State:
     """Harbor's way into the middle of a task: reset, then replay the earlier steps' oracle
     solutions (each boundary verified and staged as in an episode, no budget charged);
