@@ -29,10 +29,15 @@ from llenvs_async import (
     ValueEstimate,
     estimate_q_values,
 )
-from llenvs_async.adapters.harbor import HarborAdapter, HarborDataset, harbor_restore
+from llenvs_async.adapters.harbor import (
+    HARBOR_DESTRUCTIVE,
+    HarborAdapter,
+    HarborDataset,
+    harbor_oracle,
+    harbor_restore,
+)
 from llenvs_async.cli.plot import EstimatePanel, matplotlib_available, plot_estimates
 from llenvs_async.docker.engine import DockerEngine
-from llenvs_async.policies import HARBOR_DESTRUCTIVE, harbor_oracle
 from llenvs_async.serialization import from_dict, to_dict
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
