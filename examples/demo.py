@@ -1,6 +1,6 @@
 """Demo: Monte Carlo Q-values on the bundled Harbor tasks, in real Docker containers.
 
-A scripted epsilon-oracle agent (llenvs_async.policies.harbor_oracle: the task's
+A scripted epsilon-oracle agent (llenvs_async.adapters.harbor.harbor_oracle: the task's
 solution/solve.sh line by line, but with probability epsilon a wrong or destructive
 command) collects trajectories. Mid-trajectory states are saved to JSONL and loaded
 back; from each, rollouts in fresh containers (restored by replay with
