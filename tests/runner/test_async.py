@@ -320,3 +320,39 @@ async def test_no_generate_call_is_sent_once_the_run_is_cancelled(tracker) -> No
     for _ in range(5):
         await asyncio.sleep(0)
     assert len(backend.calls) == 1 and tracker.live == 0
+
+
+async def test_a_generate_call_outliving_close_timeout_does_not_mask_the_cancellation(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A stubborn engine ignores the call's cancellation past ``close_timeout``: the run
+    still ends with the caller's cancellation (the leftover call is logged), not with
+    teardown's ``TimeoutError``."""
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def stubborn(request: GenerationRequest) -> str:
+        entered.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            pass  # ignores the cancellation
+        await release.wait()
+        return "0"
+
+    runner = TrajectoryRunner(
+        environment=ArithmeticEnv(max_steps=3),
+        backend=ScriptedBackend(stubborn),
+        close_timeout=0.05,
+    )
+    task = asyncio.ensure_future(runner.run_batch([0], schedule="async"))
+    await asyncio.wait_for(entered.wait(), timeout=10)
+    task.cancel()
+    with caplog.at_level("WARNING", logger="llenvs_async.runner"):
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert "1 generate call(s) still running at teardown" in caplog.text
+    leftover = asyncio.all_tasks() - {asyncio.current_task()}
+    assert leftover  # the stubborn call, released now so that the test leaves nothing
+    release.set()
+    await asyncio.wait(leftover, timeout=10)
+    assert all(t.done() for t in leftover)
