@@ -288,3 +288,60 @@ async def aenumerate(it: AsyncIterator[list[object]]) -> AsyncIterator[tuple[int
 async def _drain(stream: AsyncIterator[list[object]]) -> None:
     async for _ in stream:
         pass
+
+
+@pytest.mark.parametrize("schedule", ["refill", "async"])
+async def test_a_producer_error_after_the_consumer_left_is_raised_at_close(
+    counter_factory, schedule
+) -> None:  # type: ignore[no-untyped-def]
+    """The consumer breaks out after one group; a policy bug in a rollout still running
+    must not vanish with the stream: closing it raises the bug."""
+
+    def policy(request: GenerationRequest) -> str:
+        if request.task == 3 and request.step == 2:
+            raise TypeError("bug in the policy")
+        return counter_policy(request)
+
+    runner = TrajectoryRunner(
+        environment=CounterEnv(), backend=ScriptedBackend(policy), env_factory=counter_factory()
+    )
+    with pytest.raises(TypeError, match="bug in the policy"):
+        async with runner.stream([0, 3], group_size=1, batch_size=2, schedule=schedule) as s:
+            async for group in s:
+                assert group[0].initial_state.task == 0
+                assert s._producer is not None
+                await asyncio.wait({s._producer})  # the bug happens while the consumer is away
+                assert isinstance(s._producer.exception(), TypeError)
+                break
+    assert s.closed and runner.stats.live_instances == 0
+
+
+async def test_an_input_iterator_ignoring_cancellation_does_not_hang_close(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Closing is bounded by ``close_timeout`` even if the user's async iterator ignores
+    the pump's cancellation (the leftover pump is logged)."""
+    waiting, release = asyncio.Event(), asyncio.Event()
+
+    async def stubborn() -> AsyncIterator[int]:
+        yield 0
+        waiting.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            pass  # ignores the cancellation
+        await release.wait()
+
+    runner = TrajectoryRunner(
+        environment=ArithmeticEnv(), backend=ScriptedBackend(lambda r: "0"), close_timeout=0.05
+    )
+    with caplog.at_level("WARNING", logger="llenvs_async.runner"):
+        async with runner.stream(stubborn(), group_size=1, batch_size=1) as stream:
+            await anext(stream)
+            await asyncio.wait_for(waiting.wait(), timeout=10)  # the pump is inside it
+    assert "stream input iterator still running 0.05s after close" in caplog.text
+    pump = stream._source._pump
+    assert pump is not None and not pump.done()
+    release.set()  # the iterator ends: so does the pump, nothing left behind
+    await asyncio.wait_for(asyncio.wait({pump}), timeout=10)
+    await stream.aclose()  # idempotent
