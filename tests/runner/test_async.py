@@ -347,9 +347,11 @@ async def test_a_generate_call_outliving_close_timeout_does_not_mask_the_cancell
     task = asyncio.ensure_future(runner.run_batch([0], schedule="async"))
     await asyncio.wait_for(entered.wait(), timeout=10)
     task.cancel()
-    with caplog.at_level("WARNING", logger="llenvs_async.runner"):
-        with pytest.raises(asyncio.CancelledError):
-            await task
+    with (
+        caplog.at_level("WARNING", logger="llenvs_async.runner"),
+        pytest.raises(asyncio.CancelledError),
+    ):
+        await task
     assert "1 generate call(s) still running at teardown" in caplog.text
     leftover = asyncio.all_tasks() - {asyncio.current_task()}
     assert leftover  # the stubborn call, released now so that the test leaves nothing

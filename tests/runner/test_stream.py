@@ -305,14 +305,14 @@ async def test_a_producer_error_after_the_consumer_left_is_raised_at_close(
     runner = TrajectoryRunner(
         environment=CounterEnv(), backend=ScriptedBackend(policy), env_factory=counter_factory()
     )
-    with pytest.raises(TypeError, match="bug in the policy"):
-        async with runner.stream([0, 3], group_size=1, batch_size=2, schedule=schedule) as s:
-            async for group in s:
-                assert group[0].initial_state.task == 0
-                assert s._producer is not None
-                await asyncio.wait({s._producer})  # the bug happens while the consumer is away
-                assert isinstance(s._producer.exception(), TypeError)
-                break
+    async with runner.stream([0, 3], group_size=1, batch_size=2, schedule=schedule) as s:
+        (first,) = await anext(s)
+        assert first.initial_state.task == 0
+        assert s._producer is not None
+        await asyncio.wait({s._producer})  # the bug happens while the consumer is away
+        assert isinstance(s._producer.exception(), TypeError)
+        with pytest.raises(TypeError, match="bug in the policy"):
+            await s.aclose()  # the consumer leaves without asking for more
     assert s.closed and runner.stats.live_instances == 0
 
 
