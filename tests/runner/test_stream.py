@@ -176,13 +176,19 @@ async def test_a_slow_consumer_pauses_production_not_rollouts_in_flight(counter_
         environment=CounterEnv(), backend=backend, env_factory=counter_factory()
     )
     async with runner.stream(_endless([4, 1, 6]), group_size=2, batch_size=8, queue_size=3) as s:
+        refused = asyncio.Event()  # the scheduler asked for a new group with a full queue
+        admits = s.admits
+
+        def watched() -> bool:
+            ok = admits()
+            if not ok and s.stats.queue_high_water == 3:
+                refused.set()
+            return ok
+
+        s.admits = watched  # type: ignore[method-assign]
         first = await anext(s)  # then the consumer "trains" for a long time
-        async with asyncio.timeout(30):
-            while s.stats.queue_high_water < 3:  # the in-flight groups all complete
-                await asyncio.sleep(0.005)
+        await asyncio.wait_for(refused.wait(), timeout=30)  # the in-flight groups completed
         started = s.stats.rollouts_started
-        for _ in range(20):
-            await asyncio.sleep(0)
         assert s.stats.rollouts_started == started == (1 + 3) * 2  # production paused
         assert runner.stats.active_rollouts == 0 and runner.stats.live_instances == 0
         rest = [await anext(s) for _ in range(5)]
@@ -235,9 +241,11 @@ async def test_an_endless_input_is_read_lazily_and_no_more_after_close() -> None
     assert len(groups) == 7
     assert pulled <= stream.stats.groups_started + 1  # at most one input read ahead
     after = pulled
-    await asyncio.sleep(0.01)
-    assert pulled == after  # nothing reads it once the stream is closed
+    pump = stream._source._pump
+    assert pump is not None and pump.done()  # nothing reads it once the stream is closed
+    assert pulled == after
     assert await anext(inputs) is not None  # the caller's iterator is still the caller's
+    assert pulled == after + 1
     await inputs.aclose()
 
 
