@@ -87,6 +87,7 @@ class StepLog:
     loss: float
     staleness: int  # backend version at consumption - oldest version of the batch's actions
     versions: tuple[int, ...]  # versions the batch's actions came from
+    failed: int  # rollouts of the batch that failed (recorded on their trajectories: data)
     rollouts: int  # rollouts so far, value estimation included
     seconds: float  # since the first step started
     phases: dict[str, float]  # seconds this step spent waiting for rollouts, training, updating
@@ -182,6 +183,13 @@ def _logprobs(model: Any, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) 
     from llenvs_async.testing.torch_logprobs import completion_logprobs
 
     return completion_logprobs(model, pairs)
+
+
+def staleness_and_failures(batch: Sequence[Trajectory], version: int) -> tuple[int, int]:
+    """How many versions the batch's oldest action is behind ``version`` (a rollout that
+    failed before its first action has none), and how many of its rollouts failed."""
+    oldest = min((v for t in batch for v in t.policy_versions), default=version)
+    return version - oldest, sum(t.error is not None for t in batch)
 
 
 async def grpo_advantages(group: Sequence[Trajectory]) -> list[tuple[Transition, float]]:
@@ -281,7 +289,7 @@ async def train(
                         batch.extend(await anext(stream))
                 else:  # synchronous alternation: generate a batch, then train
                     batch = await runner.run_batch([0] * size)
-                staleness = version - min(min(t.policy_versions) for t in batch)
+                staleness, failed = staleness_and_failures(batch, version)
                 rollouts += len(batch)
                 if estimator == "grpo":
                     samples = []
@@ -305,6 +313,7 @@ async def train(
                     loss=loss,
                     staleness=staleness,
                     versions=tuple(sorted({v for t in batch for v in t.policy_versions})),
+                    failed=failed,
                     rollouts=rollouts,
                     seconds=t3 - start,
                     phases={"rollouts": t1 - t0, "train": t2 - t1, "update": t3 - t2},
@@ -314,7 +323,7 @@ async def train(
                     print(
                         f"[{estimator}] step {step:3d}  success {log.success:.2f}  "
                         f"loss {loss:+.4f}  staleness {staleness}  versions {list(log.versions)}"
-                        f"  rollouts {rollouts:5d}  {log.seconds:6.1f}s",
+                        f"  failed {failed}  rollouts {rollouts:5d}  {log.seconds:6.1f}s",
                         flush=True,
                     )
         # Ours (per batch) and the stream's own counter (per group) must agree on the bound.

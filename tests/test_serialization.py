@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -196,6 +197,7 @@ async def test_history_round_trips_with_completions_and_shares_structure() -> No
     completion = Completion(text="right", token_ids=(7, 8), logprobs=(-0.5, -0.25))
     runner = TrajectoryRunner(env, ScriptedBackend(lambda r: completion))
     [traj] = await runner.run_batch([0])
+    completion = dataclasses.replace(completion, policy_version=0)  # the backend's tag
     final = traj.final_state
     assert final.history.complete and len(final.history) == len(traj) > 1
     assert [s.completion for s in final.history] == [completion] * len(traj)

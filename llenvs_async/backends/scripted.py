@@ -25,11 +25,12 @@ class ScriptedBackend(AsyncResource):
     With a ``tokenizer`` it serves token mode (the policy then reads
     ``request.prompt_token_ids`` and returns a ``Completion`` with ``token_ids``).
     Each completion is tagged with ``policy_version`` as it was when it finished
-    (``update_weights`` only records the new version: there are no weights).
+    (``update_weights`` only records the new version: there are no weights). It starts at
+    version 0 like the engine backends (``None``: untagged, no staleness control).
     """
 
     def __init__(
-        self, policy: Policy, *, tokenizer: Any = None, policy_version: int | None = None
+        self, policy: Policy, *, tokenizer: Any = None, policy_version: int | None = 0
     ) -> None:
         if not callable(policy):
             raise TypeError(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 from collections import deque
 from collections.abc import AsyncGenerator
 
@@ -28,6 +29,8 @@ from ._slots import Slots
 from ._source import InputSource
 
 __all__ = ["Batcher", "run_async"]
+
+_log = logging.getLogger("llenvs_async.runner")
 
 
 class Batcher:
@@ -184,7 +187,11 @@ async def _stop(drivers: dict[asyncio.Task[None], Rollout], batcher: Batcher, ru
         await run.stop(drivers, "rollout")
     finally:
         if calls:
-            await shielded(asyncio.wait(calls), within=run.cfg.close_timeout)
+            try:
+                await shielded(asyncio.wait(calls), within=run.cfg.close_timeout)
+            except TimeoutError:  # logged, not raised: it would mask why the run ends
+                still = sum(1 for t in calls if not t.done())
+                _log.warning("%d generate call(s) still running at teardown", still)
 
 
 def _copy(exc: BaseException) -> BaseException:

@@ -176,10 +176,13 @@ async def first_of(
     waits: Sequence[Coroutine[Any, Any, Any]], keep: asyncio.Future[Any] | None = None
 ) -> None:
     """Wait until ``keep`` is done or the first of ``waits`` returns; the waits left are
-    cancelled (``keep`` is not)."""
+    cancelled and awaited, so none outlives the call (``keep`` is not cancelled)."""
     tasks = [asyncio.ensure_future(w) for w in waits]
     try:
         await asyncio.wait({*tasks, *([keep] if keep else [])}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for task in tasks:
+        left = {task for task in tasks if not task.done()}
+        for task in left:
             task.cancel()
+        if left:  # plain waits: each ends at its next step (cheap, no shield needed)
+            await asyncio.wait(left)

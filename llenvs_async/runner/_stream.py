@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
+from .._resource import AsyncResource
 from .._shield import shielded
 from ..errors import ClosedError
 from ..types import State, Trajectory
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from ._runner import TrajectoryRunner
 
 __all__ = ["RolloutStream", "StreamInput", "StreamStats"]
+
+_log = logging.getLogger("llenvs_async.runner")
 
 StreamInput = int | str | State | None
 """A stream input: a task to ``reset`` to, or a saved ``State`` to restore and continue."""
@@ -82,10 +85,10 @@ class _Groups(InputSource):
             self._pump = asyncio.get_running_loop().create_task(self._run_pump(self._async))
 
     async def stop(self) -> None:
+        """Cancel the pump and wait for it (its own errors are kept in ``_error``)."""
         if self._pump is not None and not self._pump.done():
             self._pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._pump
+            await asyncio.wait({self._pump})
 
     def retry(self, group: int) -> None:
         self._retry.append(self.items.pop(group))
@@ -178,7 +181,7 @@ def check_input(number: int, item: Any) -> None:
         )
 
 
-class RolloutStream:
+class RolloutStream(AsyncResource):
     """``async with runner.stream(...) as stream: async for group in stream: ...``.
 
     Yields ``list[Trajectory]``: the ``group_size`` rollouts of one input, in order, as soon
@@ -226,6 +229,7 @@ class RolloutStream:
         self._producer: asyncio.Task[None] | None = None
         self._taken_at: tuple[int | None, int] = (None, 0)  # (version, groups taken at it)
         self._closed = False
+        self._raised = False  # the producer's error reached the consumer
 
     # -- admission (called by the scheduler through the source) -------------------------
 
@@ -307,6 +311,7 @@ class RolloutStream:
             producer = self._producer
             assert producer is not None
             if producer.done():
+                self._raised = producer.exception() is not None
                 producer.result()  # a programming error or a failing input iterator
                 raise StopAsyncIteration
             self._ready.clear()
@@ -337,19 +342,13 @@ class RolloutStream:
         return self._closed
 
     async def __aenter__(self) -> Self:
+        await super().__aenter__()
         self._start()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
     async def aclose(self) -> None:
-        """Stop producing and tear every instance down (idempotent, shielded)."""
+        """Stop producing and tear every instance down (idempotent, shielded). A producer
+        error the consumer never saw (it left early) is raised here."""
         if self._closed:
             return
         self._closed = True
@@ -357,9 +356,15 @@ class RolloutStream:
         if producer is not None and not producer.done():
             producer.cancel()
         try:
-            if producer is not None:
+            if producer is not None:  # the run bounds its own teardown (close_timeout)
                 await shielded(asyncio.wait({producer}), within=None)
         finally:
-            await shielded(self._source.stop(), within=None)
+            timeout = self._runner.close_timeout
+            try:  # the user's input iterator may ignore the cancellation
+                await shielded(self._source.stop(), within=timeout)
+            except TimeoutError:
+                _log.warning("stream input iterator still running %ss after close", timeout)
         if producer is not None and not producer.cancelled():
-            producer.exception()  # retrieved: raised to the consumer, or it left for its own
+            error = producer.exception()
+            if error is not None and not self._raised:
+                raise error

@@ -21,10 +21,13 @@ def requests(n: int) -> list[GenerationRequest]:
 
 
 async def test_scripted_backend_tags_completions_with_its_version() -> None:
-    backend = ScriptedBackend(lambda r: "a")
+    backend = ScriptedBackend(lambda r: "a")  # version 0, like VLLMBackend and OpenAIBackend
     assert isinstance(backend, TrainableBackend)
-    [untagged] = await backend.generate(requests(1), PARAMS)
-    assert backend.policy_version is None and untagged.policy_version is None
+    [first] = await backend.generate(requests(1), PARAMS)
+    assert backend.policy_version == 0 and first.policy_version == 0
+    unversioned = ScriptedBackend(lambda r: "a", policy_version=None)
+    [untagged] = await unversioned.generate(requests(1), PARAMS)
+    assert unversioned.policy_version is None and untagged.policy_version is None
     await backend.update_weights([], version=4)
     [tagged] = await backend.generate(requests(1), PARAMS)
     assert tagged.policy_version == 4 and tagged.policy_versions == (4,)
@@ -68,7 +71,7 @@ async def test_update_weights_refuses_bad_mode_and_version() -> None:
         await backend.update_weights([], version="1")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="policy_version"):
         ScriptedBackend(lambda r: "a", policy_version=1.5)  # type: ignore[arg-type]
-    assert backend.policy_version is None
+    assert backend.policy_version == 0  # unchanged by the refused updates
 
 
 @dataclass

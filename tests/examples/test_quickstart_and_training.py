@@ -55,3 +55,25 @@ def test_policy_completions_carry_token_ids_and_logprobs() -> None:
     assert completion.token_ids in ((0,), (1,))
     assert completion.text == training.ACTIONS[completion.token_ids[0]]
     assert completion.logprobs == (math.log(0.5),)
+
+
+def test_tiny_rl_counts_a_failed_rollout_and_survives_one_without_versions() -> None:
+    """A rollout that failed before its first action has no policy versions: the step's
+    staleness comes from the others (or is 0), and the failure is counted, not a crash."""
+    import asyncio
+
+    from llenvs_async import BackendError, GenerationRequest, ScriptedBackend, TrajectoryRunner
+    from llenvs_async.envs import ChainEnv
+
+    example = load_example("train_tiny_rl.py")
+
+    def policy(request: GenerationRequest) -> str:
+        if request.rollout_index == 1:
+            raise BackendError("engine down")
+        return "right"
+
+    runner = TrajectoryRunner(ChainEnv(num_tasks=1, max_steps=3), ScriptedBackend(policy))
+    batch = asyncio.run(runner.run_batch([0, 0], batch_size=1))  # one call each
+    assert batch[1].error is not None and batch[1].policy_versions == ()
+    assert example.staleness_and_failures(batch, 2) == (2, 1)  # versions 0 from rollout 0
+    assert example.staleness_and_failures(batch[1:], 2) == (0, 1)

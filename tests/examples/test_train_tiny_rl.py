@@ -22,6 +22,7 @@ pytestmark = pytest.mark.vllm
 
 _STEP = re.compile(
     r"^\[(\w+)\] step +(\d+) +success ([\d.]+) +loss \S+ +staleness (\d+) +versions \[([\d, ]*)\]"
+    r" +failed (\d+)"
 )
 _SUMMARY = re.compile(
     r"^\[(\w+)\] success (\d+)/(\d+) -> (\d+)/(\d+) eval episodes;.*max staleness (\d+)"

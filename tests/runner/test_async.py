@@ -20,6 +20,8 @@ from llenvs_async import (
     TrajectoryRunner,
 )
 from llenvs_async.envs import ArithmeticEnv, CounterEnv
+from llenvs_async.runner._async import Batcher
+from llenvs_async.runner._rollout import Rollout
 from llenvs_async.testing import RecordingBackend
 
 from .conftest import counter_policy
@@ -37,6 +39,44 @@ def _sampled_counter_policy(request: GenerationRequest) -> str:
     if counter_policy(request) == "submit":
         return "submit"
     return random.Random(request.seed).choice(["inc", "add 2"])
+
+
+class _Asks:
+    """Watches the async schedule's batcher: which rollouts' requests are waiting in it."""
+
+    def __init__(self) -> None:
+        self.batcher: Batcher | None = None
+        self.log: list[int] = []  # rollout indices, one per request queued
+        self._changed = asyncio.Event()
+
+    async def until(self, index: int, count: int) -> None:
+        """Wait until rollout ``index``'s ``count``-th request is queued in the batcher."""
+        while self.log.count(index) < count:
+            self._changed.clear()
+            await self._changed.wait()
+
+    def waiting(self) -> list[int]:
+        assert self.batcher is not None
+        return [rollout.spec.index for rollout, _ in self.batcher._waiting]
+
+
+@pytest.fixture
+def asks(monkeypatch: pytest.MonkeyPatch) -> _Asks:
+    watch = _Asks()
+    original = Batcher.generate
+
+    async def generate(self: Batcher, rollout: Rollout) -> None:
+        watch.batcher = self
+
+        def queued() -> None:  # runs once ``generate`` has queued it and waits
+            watch.log.append(rollout.spec.index)
+            watch._changed.set()
+
+        asyncio.get_running_loop().call_soon(queued)
+        await original(self, rollout)
+
+    monkeypatch.setattr(Batcher, "generate", generate)
+    return watch
 
 
 def _key(trajs: Sequence[Trajectory]) -> list[object]:
@@ -103,16 +143,15 @@ async def test_requests_ready_together_share_one_call() -> None:
 
 
 @pytest.mark.parametrize(("window", "batches"), [(0.0, [2, 1, 1]), (60.0, [2, 2])])
-async def test_the_coalescing_window(counter_factory, window, batches) -> None:  # type: ignore[no-untyped-def]
-    """Rollout 1's step is slow. With no window rollout 0 asks alone; with a long one it
-    waits until nobody is stepping (rollout 1 asks too), then both go in one call."""
-    slow_done = asyncio.Event()
+async def test_the_coalescing_window(counter_factory, window, batches, asks) -> None:  # type: ignore[no-untyped-def]
+    """Rollout 1's first step lasts until rollout 0's next request waits in the batcher.
+    With no window rollout 0 asks alone; with a long one it waits until nobody is stepping
+    (rollout 1 asks too), then both go in one call."""
 
     class SlowFirst(CounterEnv):
         async def _step(self, state, action):  # type: ignore[no-untyped-def]
             if state.task == 2 and state.step == 0:
-                await asyncio.sleep(0.05)
-                slow_done.set()
+                await asks.until(0, 2)
             return await super()._step(state, action)
 
     async def factory() -> CounterEnv:
@@ -289,7 +328,7 @@ def test_bad_schedule_and_window_are_clear_errors() -> None:
         TrajectoryRunner(CounterEnv(), ScriptedBackend(counter_policy), coalesce_window=-1)
 
 
-async def test_no_generate_call_is_sent_once_the_run_is_cancelled(tracker) -> None:  # type: ignore[no-untyped-def]
+async def test_no_generate_call_is_sent_once_the_run_is_cancelled(tracker, asks) -> None:  # type: ignore[no-untyped-def]
     """Rollout 1 waits in the batcher (long window) while rollout 0's step hangs; the run
     is cancelled: rollout 0's driver ending first must not flush rollout 1's request."""
     stepped = asyncio.Event()
@@ -311,12 +350,50 @@ async def test_no_generate_call_is_sent_once_the_run_is_cancelled(tracker) -> No
     )
     task = asyncio.ensure_future(runner.run_batch([2, 1], schedule="async"))
     await asyncio.wait_for(stepped.wait(), timeout=10)
-    for _ in range(5):
-        await asyncio.sleep(0)  # rollout 1 asks again and waits for its batch-mate
+    await asyncio.wait_for(asks.until(1, 2), timeout=10)  # rollout 1 asks again
+    assert asks.waiting() == [1]  # and waits for its batch-mate
     assert len(backend.calls) == 1
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    for _ in range(5):
-        await asyncio.sleep(0)
+    assert asks.batcher is not None and asks.batcher.stopped and not asks.batcher.calls
+    assert asks.waiting() == []  # withdrawn by its cancelled driver, never sent
     assert len(backend.calls) == 1 and tracker.live == 0
+
+
+async def test_a_generate_call_outliving_close_timeout_does_not_mask_the_cancellation(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A stubborn engine ignores the call's cancellation past ``close_timeout``: the run
+    still ends with the caller's cancellation (the leftover call is logged), not with
+    teardown's ``TimeoutError``."""
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def stubborn(request: GenerationRequest) -> str:
+        entered.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            pass  # ignores the cancellation
+        await release.wait()
+        return "0"
+
+    runner = TrajectoryRunner(
+        environment=ArithmeticEnv(max_steps=3),
+        backend=ScriptedBackend(stubborn),
+        close_timeout=0.05,
+    )
+    task = asyncio.ensure_future(runner.run_batch([0], schedule="async"))
+    await asyncio.wait_for(entered.wait(), timeout=10)
+    task.cancel()
+    with (
+        caplog.at_level("WARNING", logger="llenvs_async.runner"),
+        pytest.raises(asyncio.CancelledError),
+    ):
+        await task
+    assert "1 generate call(s) still running at teardown" in caplog.text
+    leftover = asyncio.all_tasks() - {asyncio.current_task()}
+    assert leftover  # the stubborn call, released now so that the test leaves nothing
+    release.set()
+    await asyncio.wait(leftover, timeout=10)
+    assert all(t.done() for t in leftover)

@@ -176,13 +176,19 @@ async def test_a_slow_consumer_pauses_production_not_rollouts_in_flight(counter_
         environment=CounterEnv(), backend=backend, env_factory=counter_factory()
     )
     async with runner.stream(_endless([4, 1, 6]), group_size=2, batch_size=8, queue_size=3) as s:
+        refused = asyncio.Event()  # the scheduler asked for a new group with a full queue
+        admits = s.admits
+
+        def watched() -> bool:
+            ok = admits()
+            if not ok and s.stats.queue_high_water == 3:
+                refused.set()
+            return ok
+
+        s.admits = watched  # type: ignore[method-assign]
         first = await anext(s)  # then the consumer "trains" for a long time
-        async with asyncio.timeout(30):
-            while s.stats.queue_high_water < 3:  # the in-flight groups all complete
-                await asyncio.sleep(0.005)
+        await asyncio.wait_for(refused.wait(), timeout=30)  # the in-flight groups completed
         started = s.stats.rollouts_started
-        for _ in range(20):
-            await asyncio.sleep(0)
         assert s.stats.rollouts_started == started == (1 + 3) * 2  # production paused
         assert runner.stats.active_rollouts == 0 and runner.stats.live_instances == 0
         rest = [await anext(s) for _ in range(5)]
@@ -235,9 +241,11 @@ async def test_an_endless_input_is_read_lazily_and_no_more_after_close() -> None
     assert len(groups) == 7
     assert pulled <= stream.stats.groups_started + 1  # at most one input read ahead
     after = pulled
-    await asyncio.sleep(0.01)
-    assert pulled == after  # nothing reads it once the stream is closed
+    pump = stream._source._pump
+    assert pump is not None and pump.done()  # nothing reads it once the stream is closed
+    assert pulled == after
     assert await anext(inputs) is not None  # the caller's iterator is still the caller's
+    assert pulled == after + 1
     await inputs.aclose()
 
 
@@ -288,3 +296,60 @@ async def aenumerate(it: AsyncIterator[list[object]]) -> AsyncIterator[tuple[int
 async def _drain(stream: AsyncIterator[list[object]]) -> None:
     async for _ in stream:
         pass
+
+
+@pytest.mark.parametrize("schedule", ["refill", "async"])
+async def test_a_producer_error_after_the_consumer_left_is_raised_at_close(
+    counter_factory, schedule
+) -> None:  # type: ignore[no-untyped-def]
+    """The consumer breaks out after one group; a policy bug in a rollout still running
+    must not vanish with the stream: closing it raises the bug."""
+
+    def policy(request: GenerationRequest) -> str:
+        if request.task == 3 and request.step == 2:
+            raise TypeError("bug in the policy")
+        return counter_policy(request)
+
+    runner = TrajectoryRunner(
+        environment=CounterEnv(), backend=ScriptedBackend(policy), env_factory=counter_factory()
+    )
+    async with runner.stream([0, 3], group_size=1, batch_size=2, schedule=schedule) as s:
+        (first,) = await anext(s)
+        assert first.initial_state.task == 0
+        assert s._producer is not None
+        await asyncio.wait({s._producer})  # the bug happens while the consumer is away
+        assert isinstance(s._producer.exception(), TypeError)
+        with pytest.raises(TypeError, match="bug in the policy"):
+            await s.aclose()  # the consumer leaves without asking for more
+    assert s.closed and runner.stats.live_instances == 0
+
+
+async def test_an_input_iterator_ignoring_cancellation_does_not_hang_close(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Closing is bounded by ``close_timeout`` even if the user's async iterator ignores
+    the pump's cancellation (the leftover pump is logged)."""
+    waiting, release = asyncio.Event(), asyncio.Event()
+
+    async def stubborn() -> AsyncIterator[int]:
+        yield 0
+        waiting.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            pass  # ignores the cancellation
+        await release.wait()
+
+    runner = TrajectoryRunner(
+        environment=ArithmeticEnv(), backend=ScriptedBackend(lambda r: "0"), close_timeout=0.05
+    )
+    with caplog.at_level("WARNING", logger="llenvs_async.runner"):
+        async with runner.stream(stubborn(), group_size=1, batch_size=1) as stream:
+            await anext(stream)
+            await asyncio.wait_for(waiting.wait(), timeout=10)  # the pump is inside it
+    assert "stream input iterator still running 0.05s after close" in caplog.text
+    pump = stream._source._pump
+    assert pump is not None and not pump.done()
+    release.set()  # the iterator ends: so does the pump, nothing left behind
+    await asyncio.wait_for(asyncio.wait({pump}), timeout=10)
+    await stream.aclose()  # idempotent

@@ -14,6 +14,7 @@ import pytest
 
 from llenvs_async import Action, GenerationRequest, ScriptedBackend, TrajectoryRunner
 from llenvs_async.envs import CounterEnv, InstanceTracker
+from llenvs_async.runner._run import first_of
 
 from .conftest import counter_policy
 
@@ -332,3 +333,21 @@ async def test_a_reset_leaking_cancelled_error_is_a_recorded_failure(schedule) -
     assert trajs[1].error is not None and trajs[1].error.phase == "reset"
     assert "without being cancelled" in trajs[1].error.message
     assert runner.stats.live_instances == 0
+
+
+async def test_first_of_leaves_no_helper_task_behind() -> None:
+    """Every wake-up of a scheduler goes through ``first_of``: the waits it did not need
+    are over when it returns (no orphan tasks piling up), whether it returned or was
+    cancelled."""
+    before = asyncio.all_tasks()
+    fired = asyncio.Event()
+    fired.set()
+    await first_of([fired.wait(), asyncio.Event().wait(), asyncio.sleep(3600)])
+    assert asyncio.all_tasks() == before
+    waiting = asyncio.ensure_future(first_of([asyncio.Event().wait(), asyncio.sleep(3600)]))
+    await asyncio.sleep(0)  # one loop turn: it runs up to its wait
+    assert len(asyncio.all_tasks() - before) == 3  # it and its two helpers: inside the wait
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert asyncio.all_tasks() == before
