@@ -177,7 +177,8 @@ class Sandbox(AsyncResource):
         """Run one process (``runsc exec``; a string runs under ``/bin/sh -c``); stdout and
         stderr combined. On timeout or cancellation its group and descendants are killed."""
         self._check_open()
-        wrapped = pid_marked(shell_command(argv))
+        command = shell_command(argv)
+        wrapped = pid_marked(command)
         started = time.monotonic()
         proc = await asyncio.create_subprocess_exec(
             *self.runsc.argv(*self._exec_args(wrapped, env=env, workdir=workdir, user=user)),
@@ -199,12 +200,17 @@ class Sandbox(AsyncResource):
                     await shielded(self.signal_tree(mark.pid, "KILL"), within=_SIGNAL_TIMEOUT + 5)
                 async with asyncio.timeout(10):
                     await _drain(proc, out, mark, None)
-        except BaseException:
+        except BaseException as exc:
             if proc.returncode is None:
                 if mark.pid and not signalled:
                     await shielded(self.signal_tree(mark.pid, "KILL"), within=_SIGNAL_TIMEOUT + 5)
                 proc.kill()
                 await shielded(proc.wait(), within=10)
+            if timed_out and isinstance(exc, TimeoutError):
+                raise ContainerError(
+                    f"exec {command[0]!r} did not end when killed after its timeout",
+                    container_id=self.id,
+                ) from exc
             raise
         return command_result(out, exit_code=proc.returncode, timed_out=timed_out,
                               started=started)  # fmt: skip
