@@ -161,14 +161,20 @@ async def test_a_shells_exit_status_is_read_once_without_polling(
         execs += 1
         return await exec_(*args, **kwargs)
 
-    exited = await sandbox.open_channel(["/bin/sh", "-c", "exit 7"])
+    # It exits once told to: after the relay is attached (an exit before that is not
+    # ended by the shell's parent: it found no relay yet).
+    exited = await sandbox.open_channel(["/bin/sh", "-c", "read -r _; exit 7"])
+    await exited.write_in(b"go\n")
     await read_to_end(exited)
     monkeypatch.setattr(sandbox, "exec", counted)
     assert await exited.exit_code() == 7
     assert execs == 1
     monkeypatch.undo()
     # The relay gone without the shell's parent recording a status: none, after one look.
-    running = await sandbox.open_channel(["sleep", "300"])
+    running = await sandbox.open_channel(["/bin/sh", "-c", "read -r _; echo ready; sleep 300"])
+    await running.write_in(b"go\n")
+    chunk = await running.read_out()  # the relay is attached (it carried our line)
+    assert chunk is not None and b"ready" in chunk.data
     relay = f"{running.directory}/relay"
     assert (await sandbox.exec(["/bin/sh", "-c", f"kill -9 $(cat {relay})"])).ok
     await read_to_end(running)
