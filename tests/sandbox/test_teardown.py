@@ -78,16 +78,18 @@ async def test_exec_past_its_timeout_is_bounded_when_signalling_hangs(
 
 def test_the_reaper_kills_runsc_started_by_absolute_path(tmp_path: Path) -> None:
     bundle = tmp_path / "bundles" / "llenvs-cut-off"
+    script = "import time; print('ready', flush=True); time.sleep(300)"
     stray = subprocess.Popen(  # argv[0] as runsc.argv gives it: the absolute path
-        [str(tmp_path / "bin" / "runsc"), "-c", "import time; time.sleep(300)",
-         f"--bundle={bundle}"],
-        executable=sys.executable,
+        [str(tmp_path / "bin" / "runsc"), "-c", script, f"--bundle={bundle}"],
+        executable=sys.executable, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
+        assert stray.stdout is not None and stray.stdout.readline() == "ready\n"  # exec'd
         assert kill_bundle_processes(bundle) == 1
         assert stray.wait(timeout=10) == -9
     finally:
         stray.kill()
+        stray.wait()
 
 
 class _StalledExport(DockerEngine):
