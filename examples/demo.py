@@ -1,6 +1,6 @@
 """Demo: Monte Carlo Q-values on the bundled Harbor tasks, in real Docker containers.
 
-A scripted epsilon-oracle agent (llenvs_async.policies.harbor_oracle: the task's
+A scripted epsilon-oracle agent (llenvs_async.adapters.harbor.harbor_oracle: the task's
 solution/solve.sh line by line, but with probability epsilon a wrong or destructive
 command) collects trajectories. Mid-trajectory states are saved to JSONL and loaded
 back; from each, rollouts in fresh containers (restored by replay with
@@ -29,10 +29,15 @@ from llenvs_async import (
     ValueEstimate,
     estimate_q_values,
 )
-from llenvs_async.adapters.harbor import HarborAdapter, HarborDataset, harbor_restore
+from llenvs_async.adapters.harbor import (
+    HARBOR_DESTRUCTIVE,
+    HarborAdapter,
+    HarborDataset,
+    harbor_oracle,
+    harbor_restore,
+)
 from llenvs_async.cli.plot import EstimatePanel, matplotlib_available, plot_estimates
 from llenvs_async.docker.engine import DockerEngine
-from llenvs_async.policies import HARBOR_DESTRUCTIVE, harbor_oracle
 from llenvs_async.serialization import from_dict, to_dict
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"

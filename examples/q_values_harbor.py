@@ -22,8 +22,12 @@ from llenvs_async import (
     ScriptedBackend,
     TrajectoryRunner,
 )
-from llenvs_async.adapters.harbor import HarborAdapter, harbor_restore, validate_replay_consistency
-from llenvs_async.policies import harbor_oracle
+from llenvs_async.adapters.harbor import (
+    HarborAdapter,
+    harbor_oracle,
+    harbor_restore,
+    validate_replay_consistency,
+)
 
 TASKS = Path(__file__).resolve().parent / "tasks"
 NUM_ROLLOUTS = 6

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .backends.base import Backend
+from .backends.base import Backend, TrainableBackend
 from .backends.scripted import ScriptedBackend
 from .env import BaseEnvironment, EnvFactory, Environment, RestoreFn, replay_restore
 from .errors import (
@@ -20,6 +20,7 @@ from .errors import (
     ContinuationPromptError,
     EnvError,
     EstimationError,
+    GvisorUnavailableError,
     LlenvsError,
     RestoreError,
     RolloutsFailedError,
@@ -28,7 +29,7 @@ from .errors import (
     TaskLoadError,
 )
 from .estimation import ValueEstimate, estimate_q_values, estimate_values
-from .runner import TrajectoryRunner
+from .runner import RolloutStream, StreamStats, TrajectoryRunner
 from .types import (
     Action,
     ChatMessage,
@@ -71,11 +72,13 @@ __all__ = [
     "EstimationError",
     "GenerationError",
     "GenerationRequest",
+    "GvisorUnavailableError",
     "LlenvsError",
     "Observation",
     "OpenAIBackend",
     "RestoreError",
     "RestoreFn",
+    "RolloutStream",
     "RolloutsFailedError",
     "SamplingParams",
     "ScriptedBackend",
@@ -83,9 +86,11 @@ __all__ = [
     "State",
     "StepResult",
     "StepTimeoutError",
+    "StreamStats",
     "TaskLoadError",
     "TokenRecord",
     "TokenStep",
+    "TrainableBackend",
     "Trajectory",
     "TrajectoryRunner",
     "Transition",

@@ -1,5 +1,5 @@
-"""Scripted epsilon-oracle policies (the CLI's scripted backend, the demo) and a prompt
-builder that shows a restored state's history.
+"""Scripted epsilon-oracle policies (the CLI's scripted backend, the demo) for the built-in
+environments; Harbor's oracle lives with its adapter (``adapters/harbor/oracle.py``).
 
 An oracle knows the right next action; with probability ``epsilon`` it takes a
 mistake instead (a wrong or destructive action). Draws are seeded per
@@ -11,39 +11,17 @@ from __future__ import annotations
 
 import random
 import re
-import shlex
 from collections.abc import Callable, Sequence
 
 from .types import GenerationRequest
 
 __all__ = [
-    "HARBOR_DESTRUCTIVE",
-    "HARBOR_MISTAKES",
     "OraclePolicy",
     "arithmetic_oracle",
     "chain_oracle",
     "counter_oracle",
-    "harbor_mistakes",
-    "harbor_oracle",
-    "next_solution_command",
 ]
 
-
-def harbor_mistakes(workdir: str) -> tuple[str, ...]:
-    """Plausible wrong commands in a task's working directory (harmless but useless) and one
-    destructive one that wipes it (none when the workdir is ``/``: that would wipe the OS)."""
-    where = shlex.quote(workdir)
-    harmless = (f"ls -la {where}", "cat /etc/os-release")
-    if workdir.rstrip("/") == "":
-        return harmless
-    return (*harmless, f"rm -rf {where}/*")
-
-
-HARBOR_MISTAKES: tuple[str, ...] = harbor_mistakes("/app")
-"""The mistakes of a task working in ``/app`` (the example tasks)."""
-
-HARBOR_DESTRUCTIVE = HARBOR_MISTAKES[-1]
-"""Wipes an example task's working directory (``/app``): a mistake nothing recovers from."""
 
 _PROBLEM = re.compile(r"Compute (-?\d+) ([+*-]) (-?\d+)")
 _COUNTER = re.compile(r"Counter is (-?\d+)")
@@ -119,45 +97,3 @@ def counter_oracle(*, epsilon: float = 0.0, seed: int = 0) -> OraclePolicy:
     early ``submit``.
     """
     return OraclePolicy(_counter_action, lambda r: ("dec", "submit"), epsilon=epsilon, seed=seed)
-
-
-def next_solution_command(
-    request: GenerationRequest, solution: Sequence[str], submit: str = "SUBMIT"
-) -> str:
-    """The first solution command not yet run (in order) in the conversation, else ``submit``.
-
-    Commands that are not the expected next one (mistakes) are skipped over, so the
-    oracle carries on with the solution after a wrong command.
-    """
-    done = 0
-    for message in request.messages:
-        if message.role != "assistant" or done == len(solution):
-            continue
-        if message.content.strip() == solution[done]:
-            done += 1
-    return solution[done] if done < len(solution) else submit
-
-
-def harbor_oracle(
-    solution_of: Callable[[int | str | None], Sequence[str]],
-    *,
-    epsilon: float = 0.0,
-    seed: int = 0,
-    mistakes: Sequence[str] | Callable[[int | str | None], Sequence[str]] = HARBOR_MISTAKES,
-    submit: str = "SUBMIT",
-) -> OraclePolicy:
-    """Harbor tasks: runs ``solution_of(task)`` (``HarborTask.solution_commands``: solve.sh
-    whole, as one action), then ``submit``; a mistake is one of ``mistakes`` (or
-    ``mistakes(task)``, e.g. ``harbor_mistakes`` of the task's workdir) or an early ``submit``.
-    """
-
-    def options(request: GenerationRequest) -> Sequence[str]:
-        chosen = mistakes(request.task) if callable(mistakes) else mistakes
-        return (*chosen, submit)
-
-    return OraclePolicy(
-        lambda r: next_solution_command(r, solution_of(r.task), submit),
-        options,
-        epsilon=epsilon,
-        seed=seed,
-    )

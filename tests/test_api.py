@@ -32,6 +32,11 @@ REQUIRED = {
     "LlenvsError",
     "estimate_values",
     "estimate_q_values",
+    # decided in turn 3: training loops and the gVisor runtime
+    "RolloutStream",
+    "StreamStats",
+    "TrainableBackend",
+    "GvisorUnavailableError",
 }
 
 
@@ -48,6 +53,7 @@ def test_every_exported_name_resolves() -> None:
 def test_all_is_sorted_and_unique() -> None:
     names = [n for n in llenvs_async.__all__ if n != "__version__"]
     assert len(names) == len(set(names))
+    assert names == sorted(names)
 
 
 def test_unknown_attribute_raises() -> None:

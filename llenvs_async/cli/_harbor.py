@@ -1,24 +1,29 @@
-"""Harbor datasets as CLI sources: adapter, factory, ``harbor_restore`` and the solution oracle."""
+"""Harbor datasets as CLI sources: adapter, factory, ``harbor_restore`` and the oracle."""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Sequence
 from typing import Literal
 
-from ..adapters.harbor import HarborAdapter, HarborDataset, HarborTask, harbor_restore
-from ..adapters.harbor.steps import oracle_actions
+from ..adapters.harbor import (
+    HarborAdapter,
+    HarborEnvironment,
+    HarborTask,
+    harbor_restore,
+    start_at_step,
+)
+from ..adapters.harbor.oracle import dataset_oracle
 from ..docker.engine import DockerEngine
 from ..env import Environment
-from ..policies import OraclePolicy, harbor_mistakes, harbor_oracle
-from ._sources import Source, SourceSpec, TaskRef
+from ..policies import OraclePolicy
+from ..types import State
+from ._common import CliError
+from ._source_types import Source, SourceSpec, TaskRef
 
 __all__ = [
     "DEFAULT_MAX_STEPS",
     "SYSTEM_PROMPT",
     "describe",
     "open_harbor",
-    "solution_lookup",
 ]
 
 DEFAULT_MAX_STEPS = 30
@@ -27,19 +32,6 @@ SYSTEM_PROMPT = (
     "Each reply is ONE shell command in a ```bash fenced block; you will see its output. "
     "When the task is complete, reply with the single word SUBMIT."
 )
-
-
-def solution_lookup(dataset: HarborDataset) -> Callable[[int | str | None], Sequence[str]]:
-    """``task -> solution commands`` (solve.sh as one oracle action; a multi-step task's
-    step solutions in turn, ``SUBMIT`` between them), cached."""
-    cache: dict[int | str | None, Sequence[str]] = {}
-
-    def lookup(task: int | str | None) -> Sequence[str]:
-        if task not in cache:
-            cache[task] = oracle_actions(dataset.resolve(task)[1])
-        return cache[task]
-
-    return lookup
 
 
 def describe(task: HarborTask) -> str:
@@ -61,6 +53,7 @@ async def open_harbor(spec: SourceSpec) -> Source:
         build_ca_bundle=options.build_ca_bundle,
         provision_verifier=options.provision_verifier,
         runtime="gvisor" if options.runtime == "gvisor" else "runc",
+        artifacts_dir=options.artifacts_dir,
     )
     dataset = await adapter.get_dataset(spec.dataset)
     max_steps = spec.max_steps or DEFAULT_MAX_STEPS
@@ -71,14 +64,8 @@ async def open_harbor(spec: SourceSpec) -> Source:
             spec.dataset or "", max_steps=max_steps, command_timeout_sec=command_timeout
         )
 
-    solutions = solution_lookup(dataset)
-
-    @functools.cache
-    def mistakes(task: int | str | None) -> Sequence[str]:
-        return harbor_mistakes(dataset.resolve(task)[1].declared_workdir)
-
     def oracle(epsilon: float, seed: int) -> OraclePolicy:
-        return harbor_oracle(solutions, epsilon=epsilon, seed=seed, mistakes=mistakes)
+        return dataset_oracle(dataset, epsilon=epsilon, seed=seed)
 
     tasks = [TaskRef(key=t.name, task=t.name, description=describe(t)) for t in dataset.tasks]
     # A task that cannot load is still listed (last): its rollouts record its TaskLoadError.
@@ -87,6 +74,15 @@ async def open_harbor(spec: SourceSpec) -> Source:
         for name, exc in dataset.unloadable.items()
     ]
 
+    start = None
+    if options.start_step is not None:
+        step = options.start_step
+
+        async def start(env: Environment, ref: TaskRef, seed: int | None) -> State:
+            if not isinstance(env, HarborEnvironment):  # a Ray actor's proxy
+                raise CliError("--start-step runs in this process (not with --ray-address)")
+            return await start_at_step(env, ref.task, step, seed=seed)
+
     async def preflight() -> None:
         async with DockerEngine() as engine:
             await engine.connect()
@@ -94,5 +90,5 @@ async def open_harbor(spec: SourceSpec) -> Source:
     return Source(
         spec=spec, environment=await factory(), env_factory=factory, restore_fn=harbor_restore,
         tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT, preflight=preflight,
-        close=adapter.aclose,
+        start=start, close=adapter.aclose,
     )  # fmt: skip

@@ -10,7 +10,7 @@ import typer
 
 from ._backend import BackendKind, BackendOptions
 from ._common import CliError
-from ._sources import HarborOptions
+from ._source_types import HarborOptions
 
 __all__ = [
     "AllowNetworkOpt",
@@ -111,6 +111,22 @@ ProvisionVerifierOpt = Annotated[
         "pytest' test.sh downloads at build time, so the verifier runs offline.",
     ),
 ]
+ArtifactsDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--artifacts-dir",
+        help="Keep each verified episode's artifacts (the task's 'artifacts', /logs/artifacts) "
+        "under DIR/<task>/<episode>/.",
+    ),
+]
+StartStepOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--start-step",
+        help="Multi-step tasks: start every rollout at step NAME (earlier steps' oracle "
+        "solutions are replayed first, as Harbor does).",
+    ),
+]
 AllowNetworkOpt = Annotated[
     bool,
     typer.Option("--allow-network", help="Give containers a network when their task allows one."),
@@ -184,6 +200,8 @@ def harbor_options(
     command_timeout: float | None,
     provision_verifier: bool = False,
     runtime: str = "runc",
+    artifacts_dir: Path | None = None,
+    start_step: str | None = None,
 ) -> HarborOptions:
     """Bundle and validate the Harbor flags."""
     from ..adapters.harbor.image import parse_alias
@@ -205,8 +223,16 @@ def harbor_options(
         raise CliError(f"--command-timeout must be > 0 seconds, got {command_timeout}")
     if runtime not in ("runc", "gvisor"):
         raise CliError(f"--runtime must be 'runc' or 'gvisor', got {runtime!r}")
+    if artifacts_dir is not None:
+        if artifacts_dir.exists() and not artifacts_dir.is_dir():
+            raise CliError(f"--artifacts-dir {str(artifacts_dir)!r} is not a directory")
+        artifacts_dir = artifacts_dir.expanduser().resolve()
+    if start_step is not None and not start_step.strip():
+        raise CliError("--start-step needs a step name")
     return HarborOptions(
         base_images=tuple(pairs), build_network=build_network, build_ca_bundle=build_ca_bundle,
         allow_network=allow_network, command_timeout=command_timeout,
         provision_verifier=provision_verifier, runtime=runtime,
+        artifacts_dir=None if artifacts_dir is None else str(artifacts_dir),
+        start_step=start_step,
     )  # fmt: skip

@@ -73,12 +73,14 @@ def run(
     allow_network: opt.AllowNetworkOpt = False,
     command_timeout: opt.CommandTimeoutOpt = None,
     runtime: opt.RuntimeOpt = "runc",
+    artifacts_dir: opt.ArtifactsDirOpt = None,
+    start_step: opt.StartStepOpt = None,
     ray_address: opt.RayAddressOpt = None,
 ) -> None:
     """Collect trajectories over a Harbor dataset or a built-in env; one JSONL line each."""
     harbor = opt.harbor_options(
         base_image, build_network, build_ca_bundle, allow_network, command_timeout,
-        provision_verifier, runtime,
+        provision_verifier, runtime, artifacts_dir, start_step,
     )  # fmt: skip
     spec = SourceSpec.from_flags(dataset, env, max_steps, harbor)
     options = opt.backend_options(
@@ -241,7 +243,7 @@ async def _initial_states(
     """
     env = source.environment
     if env.pure_step:
-        return [await _reset(env, job.ref, seed=job.rollout) for job in jobs]
+        return [await _reset(source, env, job.ref, seed=job.rollout) for job in jobs]
     factory = source.env_factory
     assert factory is not None
     by_task: dict[int | str, State | Trajectory] = {}
@@ -249,7 +251,7 @@ async def _initial_states(
 
     async def start(ref: TaskRef) -> None:
         async with gate:
-            by_task[ref.key] = await _fresh_reset(factory, ref)
+            by_task[ref.key] = await _fresh_reset(source, factory, ref)
 
     async with anyio.create_task_group() as tg:
         for ref in {job.ref.key: job.ref for job in jobs}.values():
@@ -257,7 +259,7 @@ async def _initial_states(
     return [by_task[job.ref.key] for job in jobs]
 
 
-async def _fresh_reset(factory: EnvFactory, ref: TaskRef) -> State | Trajectory:
+async def _fresh_reset(source: Source, factory: EnvFactory, ref: TaskRef) -> State | Trajectory:
     try:
         instance = await factory()
     except _FATAL:
@@ -265,14 +267,16 @@ async def _fresh_reset(factory: EnvFactory, ref: TaskRef) -> State | Trajectory:
     except Exception as exc:
         return _failed(ref, exc, None)
     try:
-        return await _reset(instance, ref, seed=None)
+        return await _reset(source, instance, ref, seed=None)
     finally:
         await shielded(instance.aclose(), within=None)
 
 
-async def _reset(env: Environment, ref: TaskRef, seed: int | None) -> State | Trajectory:
+async def _reset(
+    source: Source, env: Environment, ref: TaskRef, seed: int | None
+) -> State | Trajectory:
     try:
-        return await env.reset(ref.task, seed=seed)
+        return await source.reset(env, ref, seed)
     except _FATAL:
         raise
     except Exception as exc:

@@ -33,12 +33,12 @@ from .engine import DockerEngine, translate_errors
 from .output import DEFAULT_MAX_OUTPUT_BYTES, CappedOutput, CommandResult
 from .ownership import OWNER_LABELS, SESSION_LABEL
 from .reaper import register_backstop, remove_container_sync
+from .shell import ShellChannel, ShellKind, ShellSession
 
 if TYPE_CHECKING:
     from aiodocker.execs import Exec
     from aiodocker.stream import Message, Stream
 
-    from .shell import ShellChannel, ShellKind, ShellSession
 
 __all__ = ["DEFAULT_CAP_DROP", "Container", "ContainerSpec"]
 
@@ -311,8 +311,6 @@ class Container(AsyncResource):
         self, *, shell: ShellKind = "auto", max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
     ) -> ShellSession:
         """Start a persistent shell in this container; it is closed with the container."""
-        from .shell import ShellSession
-
         session = await ShellSession.start(self, shell=shell, max_output_bytes=max_output_bytes)
         self._sessions.append(session)
         return session

@@ -23,8 +23,6 @@ import asyncio
 import re
 import secrets
 import time
-from dataclasses import dataclass
-from typing import Literal, Protocol
 
 import aiohttp
 
@@ -32,10 +30,18 @@ from .._resource import AsyncResource
 from .._shield import shielded
 from ..errors import ClosedError, ContainerError, LlenvsError
 from .output import DEFAULT_MAX_OUTPUT_BYTES, CappedOutput, CommandResult
+from .shell_framing import (
+    DATA,
+    SYNTAX_ERROR,
+    Pending,
+    Scanner,
+    is_brace_error,
+    is_incomplete,
+    one_line,
+)
+from .shell_host import ShellChannel, ShellHost, ShellKind, ShellSnapshot
 
 __all__ = ["ShellChannel", "ShellHost", "ShellKind", "ShellSession", "ShellSnapshot"]
-
-ShellKind = Literal["auto", "bash", "sh"]
 
 # The launcher moves the exec's stdout to fd 9 (the data channel) and points the shell's
 # own stdout at stderr before the shell starts (busybox prints a banner and a prompt).
@@ -51,9 +57,7 @@ _LAUNCH: dict[str, str] = {
 _HIGH_FD = 57
 _PROBE_LIMIT = 4096
 _NOISE_LIMIT = 16 * 1024  # what the shell printed for itself, kept to report syntax errors
-_TAG_LIMIT = 8192  # a tag without its end this far on is output, not ours
 _PS2_QUIET_S = 0.3  # how long the sentinel may still follow a continuation prompt
-_SYNTAX_ERROR = "syntax error"
 # bash -i without a terminal complains when a foreground child dies of a signal.
 _TTY_NOISE = re.compile(r"^bash: \[\d+: \d+ \(\d+\)\] tcsetattr: Inappropriate ioctl.*\n?", re.M)
 # bash -i announces each background job ("[1] 18") on the stderr the command has.
@@ -61,97 +65,6 @@ _JOB_NOTICE = re.compile(r"^\[\d+\] \d+\n", re.M)
 _ERREXIT = re.compile(r"\bset\s+(-[a-zA-Z]*e|-o\s+errexit)")
 # A shell's report of a syntax error (bash, dash and ash wordings), not an echoed line.
 _SYNTAX_LINE = re.compile(r"^[^\s:]+: (?:line )?(?:\d+: )?syntax error", re.I)
-_DATA, _TAGGED = 0, 1
-
-
-class ChannelMessage(Protocol):
-    """One chunk a channel read: ``stream`` 1 (the data channel) or 2 (the shell's own)."""
-
-    @property
-    def stream(self) -> int: ...
-
-    @property
-    def data(self) -> bytes: ...
-
-
-class ShellChannel(Protocol):
-    """The shell's byte streams: its stdin, its stdout (1) and stderr (2) as messages."""
-
-    async def write_in(self, data: bytes) -> None: ...
-
-    async def read_out(self) -> ChannelMessage | None:
-        """The next chunk, ``None`` at the end of both streams (the shell is gone)."""
-        ...
-
-    async def close(self) -> None: ...
-
-    async def exit_code(self) -> int | None:
-        """The shell's exit status once its streams ended (``None``: unknown)."""
-        ...
-
-
-class ShellHost(Protocol):
-    """Where a shell runs (a Docker container, a gVisor sandbox): opens its channel and
-    signals process trees (see ``Container.signal_tree``)."""
-
-    @property
-    def id(self) -> str: ...
-
-    @property
-    def short_id(self) -> str: ...
-
-    @property
-    def closed(self) -> bool: ...
-
-    async def open_channel(self, argv: list[str]) -> ShellChannel: ...
-
-    async def signal_tree(
-        self,
-        root_pid: int,
-        signal: Literal["INT", "TERM", "KILL"],
-        *,
-        keep_root: bool = False,
-        max_age_s: float | None = None,
-    ) -> int: ...
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ShellSnapshot:
-    """What a ``ShellSession`` knows of its shell process, so a session can adopt that
-    process again after its host was checkpointed and restored (``ShellSession.adopt``)."""
-
-    token: str
-    requested_shell: ShellKind
-    kind: str
-    pid: int
-    fd: int
-    seq: int
-    prompt_seq: bytes
-    flags: str
-    check_syntax_first: bool
-    parser: str
-    max_output_bytes: int
-    grace_s: float
-
-
-def _is_brace_error(line: str) -> bool:
-    """A shell's syntax error about an unexpected ``}`` (bash and ash wordings)."""
-    return _SYNTAX_ERROR in line.lower() and ("`}'" in line or '"}"' in line)
-
-
-def _one_line(body: str) -> bool:
-    """Whether ``body`` can run as ``{ body; }`` on one line, the shell then printing no
-    prompt at all: no comment or heredoc could take our ``; }``, and it does not end in an
-    operator (``&``, ``;``, ``|``, a backslash...) that our ``;`` would make an error."""
-    if any(sign in body for sign in ("\n", "#", "<<")):
-        return False
-    return body.rstrip()[-1:] not in ("", *";&|\\(<>!{")
-
-
-def _incomplete(parse_errors: str) -> bool:
-    """Whether a parser's complaint means "input ended too early" rather than "invalid"."""
-    text = parse_errors.lower()
-    return any(sign in text for sign in ("end of file", "unexpected eof", "unterminated"))
 
 
 class _ContinuationPrompt(Exception):
@@ -160,92 +73,6 @@ class _ContinuationPrompt(Exception):
 
 class _ShellExited(Exception):
     """The shell's exec stream ended (``exit``, killed, container gone)."""
-
-
-class _Scanner:
-    """Splits a byte stream into data and tagged items (``TAG payload END``), across chunks."""
-
-    __slots__ = ("_end", "_keep", "_pending", "_tag")
-
-    def __init__(self, tag: bytes, end: bytes) -> None:
-        self._tag, self._end = tag, end
-        self._keep = len(tag) - 1
-        self._pending = b""
-
-    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
-        buf = self._pending + data if self._pending else data
-        events: list[tuple[int, bytes]] = []
-        pos = 0
-        while True:
-            t = buf.find(self._tag, pos)
-            if t < 0:
-                end = self._partial_start(buf, max(pos, len(buf) - self._keep))
-                break
-            close = buf.find(self._end, t + len(self._tag))
-            if close < 0 and len(buf) - t <= _TAG_LIMIT:
-                end = t
-                break
-            if close < 0:  # no end this far on: not one of ours
-                events.append((_DATA, buf[pos : t + len(self._tag)]))
-                pos = t + len(self._tag)
-                continue
-            if t > pos:
-                events.append((_DATA, buf[pos:t]))
-            events.append((_TAGGED, buf[t + len(self._tag) : close]))
-            pos = close + len(self._end)
-        if end > pos:
-            events.append((_DATA, buf[pos:end]))
-        self._pending = buf[end:]
-        return events
-
-    def _partial_start(self, buf: bytes, start: int) -> int:
-        """Where a suffix of ``buf`` that may begin the tag starts (else its end)."""
-        for i in range(start, len(buf)):
-            if self._tag.startswith(buf[i:]):
-                return i
-        return len(buf)
-
-
-@dataclass(slots=True, kw_only=True)
-class _Pending:
-    """What has been read for the command in flight (a mutable accumulator).
-
-    ``cmd_seq`` numbers the command's own sentinel, ``target`` the one that ends the wait
-    (the same, or a resync sentinel sent after an interrupt). ``noise``: what the shell
-    printed for itself after the command's first prompt (its syntax errors land there).
-    """
-
-    cmd_seq: int
-    target: int
-    out: CappedOutput
-    noise: CappedOutput
-    ps2_limit: int | None = None
-    one_line: bool = False
-    ps2: int = 0
-    rc: int | None = None
-    payload: str = ""
-    done: bool = False
-    timed_out: bool = False
-    continuation: bool = False
-    restarted: bool = False
-    exited: bool = False
-    noise_end: int = 0
-
-    @property
-    def complete(self) -> bool:
-        """The target sentinel arrived, and for a syntax error (exit code 2) also the end
-        mark on the shell's channel, which carries the error message."""
-        return self.done and (self.rc != 2 or self.noise_end >= self.target)
-
-    def on_sentinel(self, seq: int, rest: str) -> None:
-        code, _, extra = rest.partition(":")
-        if seq == self.cmd_seq and code.isdigit():
-            self.rc = int(code)
-        if seq == self.target:
-            self.done = True
-            self.payload = extra
-            if self.rc is None and code.isdigit():
-                self.rc = int(code)
 
 
 class ShellSession(AsyncResource):
@@ -277,8 +104,8 @@ class ShellSession(AsyncResource):
         self._ps2 = f"'{self._marker}${{__llenvs_p}}__'"
         self._promptvars = ""  # bash: keep prompt expansion on
         self._tag = f"__llend_{token}_"
-        self._data = _Scanner(self._tag.encode(), b"\n")
-        self._noise = _Scanner(self._marker.encode(), b"__")
+        self._data = Scanner(self._tag.encode(), b"\n")
+        self._noise = Scanner(self._marker.encode(), b"__")
         self._fd = 9
         self._prompt_seq = b""  # the number in the PS2 the shell prints now
         self._flags = ""  # the shell's ``$-`` after the last command
@@ -360,8 +187,8 @@ class ShellSession(AsyncResource):
     def closed(self) -> bool:
         return self._closed
 
-    def _pending(self, seq: int, limit: int) -> _Pending:
-        return _Pending(
+    def _pending(self, seq: int, limit: int) -> Pending:
+        return Pending(
             cmd_seq=seq, target=seq, out=CappedOutput(limit), noise=CappedOutput(_NOISE_LIMIT)
         )
 
@@ -369,8 +196,8 @@ class ShellSession(AsyncResource):
         self._stream = await self.container.open_channel(
             ["/bin/sh", "-c", _LAUNCH[self.requested_shell]]
         )
-        self._data = _Scanner(self._tag.encode(), b"\n")
-        self._noise = _Scanner(self._marker.encode(), b"__")
+        self._data = Scanner(self._tag.encode(), b"\n")
+        self._noise = Scanner(self._marker.encode(), b"__")
         seq = self._next_seq()
         init = (
             f"PS1=''; __llenvs_p={seq}; PS2={self._ps2}; unset HISTFILE; __llenvs_fd=9; "
@@ -432,13 +259,13 @@ class ShellSession(AsyncResource):
         except (OSError, RuntimeError, AssertionError, aiohttp.ClientError) as exc:
             raise _ShellExited from exc
 
-    async def _pump(self, p: _Pending) -> None:
+    async def _pump(self, p: Pending) -> None:
         """Read until the sentinel of ``p.target`` arrives (the last line the shell ran: the
         next command's prompts carry its number)."""
         await self._read(p)
         self._prompt_seq = str(p.target).encode()
 
-    async def _read(self, p: _Pending) -> None:
+    async def _read(self, p: Pending) -> None:
         assert self._stream is not None
         loop = asyncio.get_running_loop()
         # Since when a continuation prompt, or a syntax error's end mark, is awaited.
@@ -462,13 +289,13 @@ class ShellSession(AsyncResource):
                 raise _ShellExited
             if message.stream != 2:
                 for kind, payload in self._data.feed(message.data):
-                    if kind == _DATA:
+                    if kind == DATA:
                         p.out.feed(payload)
                     else:
                         self._on_sentinel(p, payload.decode("ascii", "replace"))
                 continue
             for kind, payload in self._noise.feed(message.data):
-                if kind == _DATA:
+                if kind == DATA:
                     if p.ps2 or p.one_line:
                         p.noise.feed(payload)
                 elif payload[:1] == b"e" and payload[1:].isdigit():
@@ -479,7 +306,7 @@ class ShellSession(AsyncResource):
                     elif since is None:
                         since = loop.time()
 
-    def _on_sentinel(self, p: _Pending, payload: str) -> None:
+    def _on_sentinel(self, p: Pending, payload: str) -> None:
         seq, _, rest = payload.partition(":")
         if not seq.isdigit():
             return
@@ -507,7 +334,7 @@ class ShellSession(AsyncResource):
             if not any(ln.strip() and not ln.lstrip().startswith("#") for ln in body.split("\n")):
                 return CommandResult(output="", exit_code=0, shell_restarted=restarted)
             if self._check_syntax_first and (errors := await self._syntax_errors(body)):
-                incomplete = _incomplete(errors)
+                incomplete = is_incomplete(errors)
                 return CommandResult(
                     output="" if incomplete else errors,
                     exit_code=2,
@@ -541,7 +368,7 @@ class ShellSession(AsyncResource):
             text = _JOB_NOTICE.sub("", text)
         return _TTY_NOISE.sub("", text)
 
-    async def _parse_failure(self, body: str, output: str, p: _Pending) -> tuple[str, bool]:
+    async def _parse_failure(self, body: str, output: str, p: Pending) -> tuple[str, bool]:
         """Exit code 2 after a syntax error: the command's own errors (printed on the shell's
         channel) join its output, or, if it is merely unfinished, a continuation."""
         lines = p.noise.text().split("\n")
@@ -549,17 +376,17 @@ class ShellSession(AsyncResource):
             errors = [line for line in lines if _SYNTAX_LINE.match(line)]
             if not errors:
                 return output, False
-            if _incomplete(await self._syntax_errors(body)):
+            if is_incomplete(await self._syntax_errors(body)):
                 return "", True
             return output + "".join(f"{line}\n" for line in errors), False
-        ours = [i for i, line in enumerate(lines) if _is_brace_error(line)]
+        ours = [i for i, line in enumerate(lines) if is_brace_error(line)]
         if not ours:
             return output, False
         framing = f"}} </dev/null >&{self._fd} 2>&1 {self._fd}>&-"
         before = [ln for ln in lines[: ours[-1]] if ln.strip() and ln != framing]
-        if any(_SYNTAX_ERROR in line.lower() for line in before):
+        if any(SYNTAX_ERROR in line.lower() for line in before):
             return output + "".join(f"{line}\n" for line in before), False
-        if _incomplete(await self._syntax_errors(body)):
+        if is_incomplete(await self._syntax_errors(body)):
             return "", True
         return output, False
 
@@ -573,7 +400,7 @@ class ShellSession(AsyncResource):
 
     async def _execute(
         self, body: str, seconds: float | None, max_bytes: int, *, stderr: str = "&1"
-    ) -> _Pending:
+    ) -> Pending:
         """Send one command, wrapped in a group and followed by the sentinel line; read it.
 
         ``stderr``: where the group's stderr goes (a probe sends the shell's ``set -x``
@@ -583,7 +410,7 @@ class ShellSession(AsyncResource):
         seq = self._next_seq()
         p = self._pending(seq, max_bytes)
         fd = self._fd
-        if _one_line(body):  # the common case: no prompt, nothing on the shell's channel
+        if one_line(body):  # the common case: no prompt, nothing on the shell's channel
             group = f"{{ {body}; }}"
             p.ps2_limit, p.one_line = 1, True
         else:  # an L-line body is read after L+1 prompts
@@ -617,7 +444,7 @@ class ShellSession(AsyncResource):
         p = await self._execute(probe, 10.0, _PROBE_LIMIT, stderr="/dev/null")
         return p.out.text().strip()
 
-    async def _settle(self, p: _Pending, since: float) -> bool:
+    async def _settle(self, p: Pending, since: float) -> bool:
         """Interrupt the command in flight and resynchronise; True if the shell was replaced.
 
         Ctrl-C first (SIGINT to the shell and what the command started), then SIGKILL to
@@ -640,7 +467,7 @@ class ShellSession(AsyncResource):
         await self._restart()
         return True
 
-    async def _pump_for(self, p: _Pending, seconds: float) -> bool:
+    async def _pump_for(self, p: Pending, seconds: float) -> bool:
         try:
             async with asyncio.timeout(seconds):
                 await self._pump(p)

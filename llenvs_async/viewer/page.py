@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from importlib.resources import files
 from typing import Any
 
 __all__ = ["render_page"]
 
 _STATIC = files(__package__).joinpath("static")
+_MARKERS = re.compile(r"/\*(?:CSS|JS|DOCUMENT|DETAILS)\*/")
 
 
 def _asset(name: str) -> str:
@@ -23,12 +25,11 @@ def _script_json(value: Any) -> str:
 def render_page(document: Any = None, details: Any = None) -> str:
     """The page; with ``document`` (and ``details``) embedded it needs no server (``--html``),
     without them it fetches ``api/document`` and ``api/trajectory/ID`` from the one serving it."""
-    html = _asset("index.html")
-    for marker, text in (
-        ("/*CSS*/", _asset("viewer.css")),
-        ("/*JS*/", _asset("viewer.js")),
-        ("/*DOCUMENT*/", _script_json(document)),
-        ("/*DETAILS*/", _script_json(details)),
-    ):
-        html = html.replace(marker, text, 1)
-    return html
+    parts = {
+        "/*CSS*/": _asset("viewer.css"),
+        "/*JS*/": _asset("viewer.js"),
+        "/*DOCUMENT*/": _script_json(document),
+        "/*DETAILS*/": _script_json(details),
+    }
+    # One pass over the template: a marker inside filled-in data is never filled again.
+    return _MARKERS.sub(lambda m: parts[m.group(0)], _asset("index.html"), count=len(parts))

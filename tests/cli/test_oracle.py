@@ -5,14 +5,13 @@ from __future__ import annotations
 import pytest
 
 from llenvs_async import ChatMessage, GenerationRequest
-from llenvs_async.policies import (
+from llenvs_async.adapters.harbor import (
     HARBOR_DESTRUCTIVE,
-    arithmetic_oracle,
-    counter_oracle,
     harbor_mistakes,
     harbor_oracle,
     next_solution_command,
 )
+from llenvs_async.policies import arithmetic_oracle, counter_oracle
 
 SOLUTION = ("mkdir -p /app/out", "cp a /app/out", "ls /app/out")
 

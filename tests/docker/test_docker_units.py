@@ -8,7 +8,7 @@ from llenvs_async.docker import CommandResult, ContainerSpec, extract_command, f
 from llenvs_async.docker.engine import split_image_ref
 from llenvs_async.docker.output import CappedOutput
 from llenvs_async.docker.ownership import OWNER_LABEL, Owner, current_owner, process_alive
-from llenvs_async.docker.shell import _DATA, _TAGGED, _Scanner
+from llenvs_async.docker.shell_framing import DATA, TAGGED, Scanner
 
 
 def test_capped_output_keeps_head_and_tail() -> None:
@@ -29,25 +29,25 @@ def test_capped_output_decodes_invalid_utf8_with_replacement() -> None:
 
 
 def test_scanner_finds_tagged_items_split_across_chunks() -> None:
-    sentinels = _Scanner(b"<END>", b"\n")
+    sentinels = Scanner(b"<END>", b"\n")
     stream = b"hello<END>7:0\nwor<END>8:1:hB\nld<EN"
     events: list[tuple[int, bytes]] = []
     for i in range(len(stream)):  # one byte at a time: the worst split
         events += sentinels.feed(stream[i : i + 1])
-    assert b"".join(p for kind, p in events if kind == _DATA) == b"helloworld"
-    assert [p for kind, p in events if kind == _TAGGED] == [b"7:0", b"8:1:hB"]
-    assert sentinels.feed(b"x") == [(_DATA, b"<ENx")]  # a possible tag start was held back
-    prompts = _Scanner(b"<PS2>", b"__")
-    assert prompts.feed(b"a<PS2>3__<PS2>3") == [(_DATA, b"a"), (_TAGGED, b"3")]
-    assert prompts.feed(b"__b") == [(_TAGGED, b"3"), (_DATA, b"b")]
+    assert b"".join(p for kind, p in events if kind == DATA) == b"helloworld"
+    assert [p for kind, p in events if kind == TAGGED] == [b"7:0", b"8:1:hB"]
+    assert sentinels.feed(b"x") == [(DATA, b"<ENx")]  # a possible tag start was held back
+    prompts = Scanner(b"<PS2>", b"__")
+    assert prompts.feed(b"a<PS2>3__<PS2>3") == [(DATA, b"a"), (TAGGED, b"3")]
+    assert prompts.feed(b"__b") == [(TAGGED, b"3"), (DATA, b"b")]
 
 
 def test_scanner_passes_on_a_tag_that_never_ends() -> None:
-    scanner = _Scanner(b"<T>", b"\n")
-    assert scanner.feed(b"a<T>b") == [(_DATA, b"a")]
+    scanner = Scanner(b"<T>", b"\n")
+    assert scanner.feed(b"a<T>b") == [(DATA, b"a")]
     events = scanner.feed(b"x" * 10_000)
     assert b"".join(p for _, p in events) == b"<T>b" + b"x" * 10_000
-    assert all(kind == _DATA for kind, _ in events)
+    assert all(kind == DATA for kind, _ in events)
 
 
 @pytest.mark.parametrize(

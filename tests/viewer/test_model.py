@@ -298,7 +298,8 @@ def test_estimates_without_ids_or_rollouts_still_load(generated: Generated, tmp_
 
 @pytest.mark.docker
 def test_a_docker_run_shows_each_commands_duration(docker_ready: None, tmp_path: Path) -> None:
-    """Harbor steps record ``duration_sec`` in the step's info: the page shows it per step."""
+    """Harbor steps record ``duration_sec`` in the step's info (beside the runner's own
+    ``step_sec``/``generate_sec``): the page shows every one of them per step."""
     out = tmp_path / "h.jsonl"
     tasks = Path(__file__).resolve().parents[2] / "examples" / "tasks"
     assert main(["run", str(tasks), "-t", "csv-totals", "-n", "1", "-o", str(out), "-q"]) == 0
@@ -307,6 +308,26 @@ def test_a_docker_run_shows_each_commands_duration(docker_ready: None, tmp_path:
     _, (detail,) = load_files([out])
     for step, transition in zip(detail["steps"], traj.transitions, strict=True):
         if "duration_sec" in transition.info:  # a command ran (the submit step runs none)
-            assert step["timing"] == {"duration_sec": transition.info["duration_sec"]}
-            assert 0 < step["timing"]["duration_sec"] < 60
+            timed = {k: v for k, v in transition.info.items() if k.endswith("_sec")}
+            assert step["timing"] == timed
+            assert {"duration_sec", "step_sec", "generate_sec"} <= set(timed)
+            assert 0 < step["timing"]["duration_sec"] <= step["timing"]["step_sec"] < 60
     assert sum("duration_sec" in s["timing"] for s in detail["steps"]) == len(traj) - 1
+
+
+def test_embedded_data_holding_a_template_marker_stays_intact() -> None:
+    """Trajectory text may contain ``/*DETAILS*/``: the page is filled in one pass, so the
+    details never land inside the document's JSON."""
+    import json as _json
+    import re as _re
+
+    from llenvs_async.viewer.page import render_page
+
+    document = {"note": "echo '/*DETAILS*/ /*JS*/ /*CSS*/'"}
+    details = {"0": {"actions": ["ls"]}}
+    html = render_page(document, details)
+    found = dict(
+        _re.findall(r'<script id="viewer-(\w+)" type="application/json">(.*?)</script>', html)
+    )
+    assert _json.loads(found["document"]) == document
+    assert _json.loads(found["details"]) == details

@@ -7,6 +7,14 @@ from .adapter import HarborAdapter, default_cache_dir
 from .dataset import HarborDataset, load_local_dataset
 from .environment import HarborEnvironment, HarborRuntime, format_observation, parse_command
 from .image import BuildSettings, ImageResolver, TaskImages, normalise_image_ref
+from .oracle import (
+    HARBOR_DESTRUCTIVE,
+    HARBOR_MISTAKES,
+    dataset_oracle,
+    harbor_mistakes,
+    harbor_oracle,
+    next_solution_command,
+)
 from .registry import (
     DEFAULT_REGISTRY_URL,
     RegistryDataset,
@@ -39,6 +47,8 @@ from .task import (
 from .verifier import VerifierResult, parse_reward
 
 __all__ = [
+    "HARBOR_DESTRUCTIVE",
+    "HARBOR_MISTAKES",
     "DEFAULT_REGISTRY_URL",
     "AgentConfig",
     "ArtifactSpec",
@@ -70,7 +80,11 @@ __all__ = [
     "default_cache_dir",
     "default_probes",
     "format_observation",
+    "dataset_oracle",
+    "harbor_mistakes",
+    "harbor_oracle",
     "harbor_restore",
+    "next_solution_command",
     "load_local_dataset",
     "load_task",
     "normalise_image_ref",

@@ -1,9 +1,10 @@
 """Artifacts and ``[[verifier.collect]]`` hooks: what crosses from the agent's container.
 
 Before a verification the task's collect hooks run, in order, in their service (``main``:
-the agent's container; a hook that fails is recorded, never fatal, as in Harbor). Then
-``/logs/artifacts`` and every declared ``artifacts`` entry (``exclude`` patterns dropped, as
-``tar --exclude`` would) are read out of the agent's container: a separate verifier gets them
+the agent's container, else the compose sidecar of that name; a hook that fails is
+recorded, never fatal, as in Harbor). Then ``/logs/artifacts`` and every declared
+``artifacts`` entry (``exclude`` patterns dropped, as ``tar --exclude`` would) are read out
+of their service's container (the agent's by default): a separate verifier gets them
 at their original absolute paths, and with an artifacts directory (``HarborAdapter(
 artifacts_dir=...)``) they are kept on the host under ``<task>/<episode>/<destination>``
 in either verifier mode. A missing source is recorded as missing, not an error.
@@ -18,7 +19,7 @@ import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...docker.container import Container
 from ...errors import ContainerError, VerifierError
@@ -40,6 +41,7 @@ __all__ = [
 ARTIFACTS_DIR = "/logs/artifacts"
 MAX_ARTIFACT_BYTES = 512 << 20
 """Artifacts are held in memory on their way; more than this is a ``VerifierError``."""
+T = TypeVar("T")
 _CONVENTION = ArtifactSpec(source=ARTIFACTS_DIR, destination="logs-artifacts")
 
 
@@ -50,14 +52,7 @@ async def run_collect_hooks(
     ``timed_out``) for the step's info."""
     outcomes: list[dict[str, Any]] = []
     for hook in hooks:
-        container = services.get(hook.service)
-        if container is None:
-            raise VerifierError(
-                f"a [[verifier.collect]] hook of {task_name!r} runs in service "
-                f"{hook.service!r}, which this environment does not have "
-                f"(services: {sorted(services)})",
-                kind="setup",
-            )
+        container = _service(services, hook.service, task_name, "a [[verifier.collect]] hook")
         run = await container.exec(["/bin/sh", "-c", hook.command], timeout=hook.timeout_sec)
         outcomes.append(
             {
@@ -68,6 +63,18 @@ async def run_collect_hooks(
             }
         )
     return outcomes
+
+
+def _service(services: Mapping[str, T], name: str, task_name: str, what: str) -> T:
+    """The container of service ``name`` (load_task checks the names; a sidecar that is not
+    running, e.g. under a runtime without sidecars, is a setup error)."""
+    if name not in services:
+        raise VerifierError(
+            f"{what} of {task_name!r} uses service {name!r}, which this environment does not "
+            f"have (services: {sorted(services)})",
+            kind="setup",
+        )
+    return services[name]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,11 +90,13 @@ class Collected:
         return sum(len(data or b"") for _, data in self.members or ())
 
     def manifest(self) -> dict[str, Any]:
+        where = {"source": self.spec.source}
+        if self.spec.service not in (None, "main"):
+            where["service"] = self.spec.service
         if self.members is None:
-            return {"source": self.spec.source, "missing": True}
+            return {**where, "missing": True}
         files = sum(1 for info, _ in self.members if info.isfile())
-        return {"source": self.spec.source, "target": self.spec.target, "files": files,
-                "bytes": self.size}  # fmt: skip
+        return {**where, "target": self.spec.target, "files": files, "bytes": self.size}
 
     def renamed(self, root: str) -> list[tuple[tarfile.TarInfo, bytes | None]]:
         """The members with their first path component replaced by ``root``."""
@@ -133,12 +142,14 @@ async def _read_one(container: Container, spec: ArtifactSpec) -> Collected:
 
 
 async def collect_artifacts(
-    container: Container, specs: Sequence[ArtifactSpec], *, task_name: str
+    services: Mapping[str, Container], specs: Sequence[ArtifactSpec], *, task_name: str
 ) -> list[Collected]:
-    """``/logs/artifacts`` and the main container's declared artifacts (sidecar entries are
-    left to the services that hold them)."""
-    wanted = [_CONVENTION, *(s for s in specs if s.service in (None, "main"))]
-    collected = [await _read_one(container, spec) for spec in wanted]
+    """``/logs/artifacts`` (the main container's) and every declared artifact, each read
+    from its service's container (``services``: ``main`` and the sidecars by name)."""
+    collected = []
+    for spec in (_CONVENTION, *specs):
+        container = _service(services, spec.service or "main", task_name, "an artifact")
+        collected.append(await _read_one(container, spec))
     total = sum(c.size for c in collected)
     if total > MAX_ARTIFACT_BYTES:
         raise VerifierError(

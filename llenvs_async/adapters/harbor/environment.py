@@ -11,54 +11,34 @@ cap)``, and running out truncates the episode with ``info["truncation_reason"]``
 = ``"agent_timeout"``. ``state.hidden`` is a JSON-serialisable dict: task name and
 index, dataset, budget total/used/left.
 
-Containers get the task's ``cpus`` and ``memory_mb``; ``storage_mb`` is not enforced
-(overlay2 quotas need xfs) and tasks asking for GPUs are refused. The verifier runs
-in its own exec (not the agent's shell), as Harbor does, or in a container of its own
-(``verification.py``); artifacts and collect hooks: ``artifacts.py``; multi-step tasks
-(a step boundary is an observation carrying the next instruction): ``steps.py``.
+The episode's container, shell and sidecars: ``instance.py``; verifying it (collect
+hooks, the verifier in its own exec or container, artifacts): ``verify_flow.py``;
+multi-step tasks (a step boundary is an observation carrying the next instruction):
+``steps.py``.
 """
 
 from __future__ import annotations
 
-import json
-import re
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from ...docker.container import Container, ContainerSpec
+from ...docker.container import Container
 from ...docker.engine import DockerEngine
 from ...docker.output import CommandResult
-from ...docker.pool import WarmPool
 from ...docker.shell import ShellSession
-from ...docker.shell_task import (
-    SUBMITTED_TEXT,
-    ShellTaskEnvironment,
-    extract_command,
-    observation_text,
-)
+from ...docker.shell_task import ShellTaskEnvironment, extract_command, observation_text
 from ...env import new_episode_id
-from ...errors import (
-    ClosedError,
-    ContainerError,
-    ContinuationPromptError,
-    EnvError,
-    RestoreError,
-    VerifierError,
-)
+from ...errors import ClosedError, ContinuationPromptError, EnvError, RestoreError
 from ...types import Action, Observation, State, StepResult
 from . import steps as multi_step
-from .artifacts import collect_artifacts, run_collect_hooks, save_artifacts, transfer_tar
 from .dataset import HarborDataset
-from .image import TASK_IMAGE_LABEL, TaskImages
-from .provision import offline_test_sh
-from .sidecars import Sidecars, extra_hosts, start_sidecars
-from .task import HarborTask, VerifierConfig, resolve_env
-from .verification import run_separate, run_tests, verifier_environment
+from .instance import DATASET_LABEL, HarborRuntime, Instance, start_instance
+from .task import HarborTask
 from .verifier import VerifierResult
+from .verify_flow import verify_instance
 
 if TYPE_CHECKING:
     from ...sandbox.fork import SandboxCheckpoint
@@ -72,19 +52,8 @@ __all__ = [
     "parse_command",
 ]
 
-DATASET_LABEL = "llenvs.harbor.dataset"
 DEFAULT_COMMAND_TIMEOUT_SEC = 600.0
 """A command's time limit when the task gives no ``[agent].timeout_sec``."""
-# What a download failing for want of a network prints (curl, wget, pip, uv, apt, git, python).
-_NO_NETWORK_RE = re.compile(
-    r"Could not resolve host|Temporary failure (?:in name resolution|resolving)|"
-    r"Name or service not known|Network is unreachable|Failed to establish a new connection|"
-    r"unable to resolve host|failed to lookup address|No address associated with hostname|"
-    r"dns error",
-    re.IGNORECASE,
-)
-_MIB = 1 << 20
-_VERIFIER_TAIL_CHARS = 4000
 
 
 # One rule for every shell-task environment (kept under the names this package exported).
@@ -94,24 +63,6 @@ format_observation = observation_text
 
 def _positive(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HarborRuntime:
-    """What every environment of one adapter shares: the image cache and the Docker settings."""
-
-    images: TaskImages
-    allow_network: bool = False
-    docker_url: str | None = None
-    engine: DockerEngine | None = None
-    pool: WarmPool | None = None
-    artifacts_dir: Path | None = None
-    """Where verified episodes' artifacts are kept (``<task>/<episode>/...``); None: not kept."""
-    engine_users: set[int] | None = None
-    """Environments using ``engine`` now; when the last one closes the engine disconnects
-    (reconnecting on next use), so an adapter that is never closed leaks no connection.
-    ``None``: the engine's owner closes it (a caller's engine, or a warm pool's)."""
-    container_runtime: Literal["runc", "gvisor"] = "runc"
 
 
 class HarborEnvironment(ShellTaskEnvironment):
@@ -148,13 +99,9 @@ class HarborEnvironment(ShellTaskEnvironment):
         self.runtime = runtime
         self.dataset = dataset
         self._command_timeout = command_timeout_sec
-        self._network = False
-        self._bridge = False
         self._budget_override = budget_sec
         self._engine: DockerEngine | None = None
-        self._container: Container | Sandbox | None = None
-        self._sidecars: Sidecars | None = None
-        self._shell: ShellSession | None = None
+        self._instance: Instance | None = None
         self._task: HarborTask | None = None
         self._task_index = -1
         self._workdir = "/"
@@ -185,7 +132,7 @@ class HarborEnvironment(ShellTaskEnvironment):
     @property
     def container(self) -> Container | Sandbox | None:
         """The episode's container, or its gVisor sandbox (``runtime="gvisor"``)."""
-        return self._container
+        return self._instance.container if self._instance is not None else None
 
     @property
     def container_runtime(self) -> Literal["runc", "gvisor"]:
@@ -194,7 +141,7 @@ class HarborEnvironment(ShellTaskEnvironment):
     @property
     def shell(self) -> ShellSession | None:
         """The episode's persistent shell (``None`` before the first reset)."""
-        return self._shell
+        return self._instance.shell if self._instance is not None else None
 
     @property
     def command_timeout_sec(self) -> float:
@@ -273,120 +220,24 @@ class HarborEnvironment(ShellTaskEnvironment):
                 await self._release_engine()
 
     async def _verify(self) -> VerifierResult:
-        container = self._require_container()
-        task = self._require_task()
-        cfg = self._verifier_config()
-        hooks = await run_collect_hooks(
-            {"main": container}, task.config.verifier.collect, task_name=task.name
+        instance, task = self._require_instance(), self._require_task()
+        return await verify_instance(
+            instance,
+            task,
+            runtime=self.runtime,
+            engine=self._get_engine,
+            cfg=multi_step.verifier_config(task, self._step_index),
+            tests=multi_step.tests_dirs(task, self._step_index),
+            episode_dir=self._episode_dir(),
+            dataset_spec=self.dataset.spec,
+            track=self._track_verifier,
         )
-        collected = []
-        if cfg.separate:
-            collected = await collect_artifacts(
-                self._docker_container(), task.config.artifacts, task_name=task.name
-            )
-            result, log = await run_separate(
-                await self._get_engine(),
-                self.runtime.images,
-                task,
-                artifacts=transfer_tar(collected),
-                allow_network=self.runtime.allow_network,
-                labels={DATASET_LABEL: self.dataset.spec},
-                explain=lambda log, network: self._check_offline_verifier(task, log, network),
-                track=self._track_verifier,
-            )
-        else:
-            result, log = await run_tests(
-                container,
-                task=task,
-                timeout_sec=cfg.timeout_sec,
-                env=cfg.env,
-                workdir=self._workdir,
-                user=cfg.user,
-                tests=self._tests_dirs(),
-                explain=lambda log: self._check_offline_verifier(task, log, self._network),
-                offline=self._offline_verifier(task),
-            )
-            if self.runtime.artifacts_dir is not None:  # Harbor collects after verification
-                collected = await collect_artifacts(
-                    self._docker_container(), task.config.artifacts, task_name=task.name
-                )
-        extra: dict[str, Any] = {}
-        if hooks:
-            extra["collect_hooks"] = hooks
-        if collected:
-            extra["artifacts"] = [item.manifest() for item in collected]
-        if self.runtime.artifacts_dir is not None and collected:
-            where = self.runtime.artifacts_dir / task.short_name / self._episode_dir()
-            await save_artifacts(collected, where)
-            extra["artifacts_dir"] = str(where)
-        return replace(result, output=log[-_VERIFIER_TAIL_CHARS:], extra=extra)
-
-    def _verifier_config(self) -> VerifierConfig:
-        """The current step's ``[steps.verifier]`` (task's as fallback), else ``[verifier]``."""
-        task = self._require_task()
-        if task.steps:
-            return task.steps[self._step_index].config.verifier
-        return task.config.verifier
-
-    def _tests_dirs(self) -> list[Path]:
-        """``tests/`` then the current step's own ``tests/`` (its files win), as Harbor does."""
-        task = self._require_task()
-        dirs = [task.tests_dir] if task.tests_dir.is_dir() else []
-        if task.steps and (own := task.steps[self._step_index].tests_dir) is not None:
-            dirs.append(own)
-        return dirs
 
     def _episode_dir(self) -> str:
         current = self._current
         name = current.episode_id if current is not None else new_episode_id()
         task = self._require_task()
         return f"{name}/{task.steps[self._step_index].name}" if task.steps else name
-
-    def _offline_verifier(self, task: HarborTask) -> tuple[str, dict[str, str]] | None:
-        """The provisioned ``test.sh`` and its environment, when the image was provisioned."""
-        if not self.runtime.images.build.provision_verifier or task.dockerfile is None:
-            return None
-        return offline_test_sh((task.tests_dir / "test.sh").read_text(encoding="utf-8"))
-
-    def _check_offline_verifier(self, task: HarborTask, log: str, network: bool) -> None:
-        """Raise ``VerifierError(kind="network")`` when the verifier failed to reach the
-        internet: its low reward says nothing about the agent's work."""
-        match = _NO_NETWORK_RE.search(log)
-        if match is None:
-            return
-        start = log.rfind("\n", 0, match.start()) + 1
-        end = log.find("\n", match.end())
-        line = log[start : end if end >= 0 else len(log)].strip()
-        if network and not self._bridge:
-            why = (
-                "its container was given a network, yet the Docker daemon has no bridge "
-                "network (dockerd --bridge=none, as on this machine), so containers get only "
-                "loopback (run the daemon with a bridge to give them the internet)"
-            )
-        elif network:
-            why = "its container was given a network but could not resolve or reach the host"
-        elif not verifier_environment(task).wants_network:
-            table = "[verifier.environment]" if task.config.verifier.separate else "task"
-            why = f"its container has none: the {table}'s network_mode is 'no-network'"
-        else:
-            why = (
-                "its container has none: the run grants none "
-                "(pass --allow-network, HarborAdapter(allow_network=True))"
-            )
-        hint = ""
-        if not self.runtime.images.build.provision_verifier and offline_test_sh(
-            (task.tests_dir / "test.sh").read_text(encoding="utf-8")
-        ):
-            hint = (
-                "; its test.sh has the uv/uvx shape that --build-network --provision-verifier "
-                "fetches at build time (HarborAdapter(provision_verifier=True))"
-            )
-        raise VerifierError(
-            f"the verifier of {task.name!r} needs the internet but {why}; "
-            f"it printed: {line[:300]!r}{hint}",
-            kind="network",
-            path="/tests/test.sh",
-        )
 
     async def resume_from_image(self, image: str, state: State) -> State:
         """Continue ``state`` in a new container started from ``image``, a commit of an episode
@@ -429,58 +280,16 @@ class HarborEnvironment(ShellTaskEnvironment):
             index, harbor_task = self.dataset.resolve(task)
         except (KeyError, IndexError, ValueError) as exc:
             raise EnvError(str(exc).strip("'\"")) from exc
-        env_cfg = harbor_task.config.environment
-        if env_cfg.gpus:
-            raise EnvError(f"task {harbor_task.name!r} needs {env_cfg.gpus} GPU(s); none offered")
         await self._drop_container()
-        engine = await self._get_engine()
-        if checkpoint is None:
-            image = image or await self.runtime.images.ensure(engine, harbor_task)
-        else:
-            image = checkpoint.spec.image
-        network = self.runtime.allow_network and env_cfg.wants_network
-        self._network = network
-        self._bridge = network and await _daemon_has_bridge(engine)
-        agent_user = harbor_task.config.agent.user
-        compose = harbor_task.compose
-        spec = ContainerSpec(
+        instance = await start_instance(
+            self.runtime,
+            await self._get_engine(),
+            harbor_task,
+            dataset_spec=self.dataset.spec,
             image=image,
-            env={
-                **resolve_env(env_cfg.env, harbor_task.name),
-                **(compose.main.environment if compose else {}),
-            },
-            extra_hosts=extra_hosts(compose) if compose else (),
-            workdir=env_cfg.workdir,
-            user=None if agent_user is None else str(agent_user),
-            network_mode="bridge" if network else "none",
-            memory_bytes=env_cfg.memory_mb * _MIB,
-            cpus=env_cfg.cpus,
-            labels={TASK_IMAGE_LABEL: harbor_task.name, DATASET_LABEL: self.dataset.spec},
+            checkpoint=checkpoint,
         )
-        if checkpoint is not None or self.runtime.container_runtime == "gvisor":
-            _check_gvisor_task(harbor_task, keep_artifacts=self.runtime.artifacts_dir is not None)
-            await self._start_sandbox(engine, spec, checkpoint)
-            container = self._container
-            assert container is not None
-        elif self.runtime.pool is not None:  # started, shell open: no create on this path
-            warm = await self.runtime.pool.take(spec)
-            container, self._shell = warm.container, warm.shell
-            self._container = container
-        else:
-            container = await Container.create(engine, spec)
-            self._container = container
-            self._shell = await container.shell()
-        if compose is not None and compose.sidecars:
-            try:
-                self._sidecars = await start_sidecars(
-                    engine, self.runtime.images, harbor_task, self._docker_container(),
-                    memory_bytes=spec.memory_bytes, cpus=spec.cpus,
-                )  # fmt: skip
-            except BaseException:
-                await self._drop_container()  # no half-made pod outlives a failed reset
-                raise
-        details = await container.inspect()
-        self._workdir = env_cfg.workdir or (details.get("Config") or {}).get("WorkingDir") or "/"
+        self._instance, self._workdir = instance, instance.workdir
         self._task, self._task_index = harbor_task, index
         self._step_index, self._step_results = 0, []
         self._restart_budget()
@@ -497,22 +306,6 @@ class HarborEnvironment(ShellTaskEnvironment):
             seed=seed,
         )
 
-    async def _start_sandbox(
-        self, engine: DockerEngine, spec: ContainerSpec, checkpoint: SandboxCheckpoint | None
-    ) -> None:
-        """A gVisor sandbox with its shell: new, or restored from ``checkpoint``."""
-        from ...sandbox.fork import resume_sandbox
-        from ...sandbox.sandbox import Sandbox
-
-        if checkpoint is not None:
-            self._container, self._shell = await resume_sandbox(checkpoint, engine.labels)
-            return
-        if self._network:
-            raise EnvError("the gVisor runtime runs sandboxes without a network (--network=none)")
-        sandbox = await Sandbox.create(engine, spec)
-        self._container = sandbox
-        self._shell = await sandbox.shell()
-
     async def _run_command(self, command: str) -> tuple[CommandResult, float]:
         return await self._run(command)
 
@@ -521,83 +314,19 @@ class HarborEnvironment(ShellTaskEnvironment):
         task = self._require_task()
         if not task.steps:
             return verdict.reward, verdict.info()
-        self._record_step(verdict)  # truncated mid-step: this step counts as verified
-        strategy = task.config.multi_step_reward_strategy
-        return multi_step.aggregate(strategy, self._step_results), {
-            **verdict.info(),
-            **self._step_info(),
-        }
+        return multi_step.final_verdict(self, task, verdict)  # truncated mid-step
 
     async def _step(self, state: State, action: Action) -> StepResult:
         task = self._task
         if task is None or not task.steps or not self.is_submit(action):
             return await super()._step(state, action)
-        return await self._submit_step(state, action, task)
-
-    async def _submit_step(self, state: State, action: Action, task: HarborTask) -> StepResult:
-        """A multi-step task's ``SUBMIT``: verify this step, then end the episode (last step,
-        or a ``min_reward`` miss) or open the next step (see ``steps.py``)."""
-        step, index = state.step + 1, self._step_index
-        last = index == len(task.steps) - 1
-        if self._replaying and last:
-            raise RestoreError(
-                f"the replayed prefix submits the last step at step {step}", step=step
-            )
-        verdict = await self.verify()
-        self._record_step(verdict)
-        info: dict[str, Any] = {
-            "command": self.submit_keyword,
-            "submitted": True,
-            **verdict.info(),
-            **self._step_info(),
-        }
-        passed = multi_step.passes(task.steps[index].config.min_reward, verdict)
-        if last or not passed:
-            if self._replaying:
-                raise RestoreError(
-                    f"the replayed step {task.steps[index].name!r} missed its min_reward at "
-                    f"step {step} (reward {verdict.reward:g}): the replay diverged",
-                    step=step,
-                )
-            info["multi_step_end"] = "completed" if last else "min_reward"
-            strategy = task.config.multi_step_reward_strategy
-            reward = multi_step.aggregate(strategy, self._step_results)
-            text = SUBMITTED_TEXT
-            if not last:
-                text += (
-                    f" Step {index + 1} of {len(task.steps)} fell short of its min_reward; "
-                    "the episode ends."
-                )
-            return self._result(state, action, text, reward, info, terminated=True)
-        self._step_index = index + 1
-        await multi_step.enter_step(self, self._step_index)
-        self._restart_budget()
-        info["step_boundary"] = True
-        text = multi_step.step_text(task, self._step_index, self.submit_keyword, self._workdir)
-        return self._result(state, action, text, 0.0, info)
-
-    def _record_step(self, verdict: VerifierResult) -> None:
-        name = self._require_task().steps[self._step_index].name
-        self._step_results.append(
-            {"name": name, "reward": verdict.reward, "rewards": dict(verdict.rewards)}
-        )
-
-    def _step_info(self) -> dict[str, Any]:
-        return {
-            "verified_step": self._step_results[-1]["name"],
-            "step_reward": self._step_results[-1]["reward"],
-            "step_results": [dict(r) for r in self._step_results],
-        }
+        return await multi_step.submit_step(self, state, action, task)
 
     def _restart_budget(self) -> None:
         """The budget of the current step (multi-step) or episode: the agent timeout unless
         the environment was given one."""
         task = self._require_task()
-        timeout = (
-            task.steps[self._step_index].config.agent.timeout_sec
-            if task.steps
-            else task.config.agent.timeout_sec
-        )
+        timeout = multi_step.agent_timeout(task, self._step_index)
         override = self._budget_override
         self._budget_sec = timeout if override == "task" else override
         self._used_sec = 0.0
@@ -703,61 +432,26 @@ class HarborEnvironment(ShellTaskEnvironment):
         self._verifier = container
 
     async def _drop_container(self) -> None:
-        sidecars, self._sidecars = self._sidecars, None
-        container, self._container, self._shell = self._container, None, None
+        instance, self._instance = self._instance, None
         verifier, self._verifier = self._verifier, None
         try:
-            if sidecars is not None:
-                await sidecars.aclose()
             if verifier is not None:
                 await verifier.aclose()
         finally:
-            if container is not None:
-                await container.aclose()
+            if instance is not None:
+                await instance.aclose()
 
-    def _docker_container(self) -> Container:
-        """The agent's container where only a Docker one will do (archives, sidecars)."""
-        container = self._require_container()
-        if not isinstance(container, Container):
-            raise EnvError("artifacts and sidecars need a Docker container (runtime='runc')")
-        return container
-
-    def _require_container(self) -> Container | Sandbox:
-        if self._container is None:
+    def _require_instance(self) -> Instance:
+        if self._instance is None:
             raise EnvError("HarborEnvironment has no container: call reset() first")
-        return self._container
+        return self._instance
 
     def _require_shell(self) -> ShellSession:
-        if self._shell is None:
+        if self._instance is None:
             raise EnvError("HarborEnvironment has no shell: call reset() first")
-        return self._shell
+        return self._instance.shell
 
     def _require_task(self) -> HarborTask:
         if self._task is None:
             raise EnvError("HarborEnvironment has no task: call reset() first")
         return self._task
-
-
-async def _daemon_has_bridge(engine: DockerEngine) -> bool:
-    """Whether the daemon has its default ``bridge`` network (not under ``--bridge=none``)."""
-    try:
-        found = await engine.request_json(
-            "GET", "networks", params={"filters": json.dumps({"name": ["bridge"]})}
-        )
-    except ContainerError:
-        return True  # unknown: say nothing about the bridge
-    return any(isinstance(n, dict) and n.get("Name") == "bridge" for n in found or [])
-
-
-def _check_gvisor_task(task: HarborTask, *, keep_artifacts: bool) -> None:
-    """Refuse what a gVisor sandbox cannot host yet: Docker sidecars joined to its network
-    namespace, and artifacts copied out as tar archives (separate verifier, artifacts_dir)."""
-    what = None
-    if task.compose is not None and task.compose.sidecars:
-        what = "compose sidecars (they join a Docker container's network namespace)"
-    elif task.config.verifier.separate:
-        what = "a separate verifier environment (its artifacts are copied out as an archive)"
-    elif keep_artifacts:
-        what = "artifacts_dir (artifacts are copied out as an archive)"
-    if what is not None:
-        raise EnvError(f"task {task.name!r}: runtime='gvisor' does not support {what}; use runc")

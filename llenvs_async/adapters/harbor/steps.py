@@ -29,30 +29,82 @@ import io
 import math
 import tarfile
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ...errors import EnvError
-from ...types import Action, State
-from .task import HarborTask, TaskStep
+from ...docker.shell_task import SUBMITTED_TEXT
+from ...errors import EnvError, RestoreError
+from ...types import Action, State, StepResult
+from .task import HarborTask, TaskStep, VerifierConfig
 from .verifier import VerifierResult
 
 if TYPE_CHECKING:
-    from .environment import HarborEnvironment
+    from ...docker.container import Container
+    from ...sandbox.sandbox import Sandbox
+    from .dataset import HarborDataset
 
 __all__ = [
     "STEP_SETUP_PATH",
+    "StepEpisode",
+    "agent_timeout",
     "aggregate",
     "enter_step",
+    "final_verdict",
     "oracle_actions",
     "passes",
     "start_at_step",
     "step_index",
     "step_text",
+    "submit_step",
+    "tests_dirs",
+    "verifier_config",
 ]
 
 STEP_SETUP_PATH = "/tmp/.llenvs-step-setup.sh"
 _SETUP_TIMEOUT_SEC = 600.0
+
+
+class StepEpisode(Protocol):
+    """What the step machinery drives: ``HarborEnvironment`` (typed here so that this module
+    does not import the environment that uses it)."""
+
+    dataset: HarborDataset
+    submit_keyword: str
+    _step_index: int
+    _step_results: list[dict[str, Any]]
+    _replaying: bool
+
+    @property
+    def task(self) -> HarborTask | None: ...
+
+    @property
+    def container(self) -> Container | Sandbox | None: ...
+
+    @property
+    def workdir(self) -> str: ...
+
+    def replaying(self) -> AbstractContextManager[None]: ...
+
+    async def reset(self, task: int | str | None = None, *, seed: int | None = None) -> State: ...
+
+    async def step(self, state: State, action: Action) -> StepResult: ...
+
+    async def verify(self) -> VerifierResult: ...
+
+    def _restart_budget(self) -> None: ...
+
+    def _result(
+        self,
+        state: State,
+        action: Action,
+        text: str,
+        reward: float,
+        info: Mapping[str, Any],
+        *,
+        terminated: bool = False,
+    ) -> StepResult: ...
 
 
 def passes(min_reward: float | Mapping[str, float] | None, verdict: VerifierResult) -> bool:
@@ -71,6 +123,25 @@ def aggregate(strategy: str, results: Sequence[Mapping[str, Any]]) -> float:
     if strategy == "final":
         return float(results[-1]["reward"])
     return math.fsum(float(r["reward"]) for r in results) / len(results)
+
+
+def verifier_config(task: HarborTask, index: int) -> VerifierConfig:
+    """Step ``index``'s ``[steps.verifier]`` (the task's as fallback), else ``[verifier]``."""
+    return task.steps[index].config.verifier if task.steps else task.config.verifier
+
+
+def agent_timeout(task: HarborTask, index: int) -> float | None:
+    """Step ``index``'s agent time budget (``[steps.agent]``, else ``[agent]``)."""
+    agent = task.steps[index].config.agent if task.steps else task.config.agent
+    return agent.timeout_sec
+
+
+def tests_dirs(task: HarborTask, index: int) -> list[Path]:
+    """``tests/`` then step ``index``'s own ``tests/`` (its files win), as Harbor does."""
+    dirs = [task.tests_dir] if task.tests_dir.is_dir() else []
+    if task.steps and (own := task.steps[index].tests_dir) is not None:
+        dirs.append(own)
+    return dirs
 
 
 def step_text(task: HarborTask, index: int, submit: str, workdir: str) -> str:
@@ -108,7 +179,7 @@ def _workdir_tar(step: TaskStep, workdir: str) -> bytes | None:
     return buf.getvalue()
 
 
-async def enter_step(env: HarborEnvironment, index: int) -> None:
+async def enter_step(env: StepEpisode, index: int) -> None:
     """Stage step ``index``: copy its ``workdir/`` into the working directory and run its
     ``workdir/setup.sh`` there (as root); a failing setup is an ``EnvError``."""
     task, container = env.task, env.container
@@ -133,6 +204,61 @@ async def enter_step(env: HarborEnvironment, index: int) -> None:
             f"step {index} {step.name!r} of task {task.name!r}: workdir/setup.sh {why}: "
             f"{run.output.strip()[-500:]!r}"
         )
+
+
+def _record(env: StepEpisode, task: HarborTask, verdict: VerifierResult) -> dict[str, Any]:
+    """Add the current step's verdict to the episode's step results; the info keys that say so."""
+    name = task.steps[env._step_index].name
+    results = env._step_results
+    results.append({"name": name, "reward": verdict.reward, "rewards": dict(verdict.rewards)})
+    return {
+        "verified_step": name,
+        "step_reward": verdict.reward,
+        "step_results": [dict(r) for r in results],
+    }
+
+
+def final_verdict(
+    env: StepEpisode, task: HarborTask, verdict: VerifierResult
+) -> tuple[float, dict[str, Any]]:
+    """The episode's reward and info once it ends with ``verdict`` of the current step."""
+    info = {**verdict.info(), **_record(env, task, verdict)}
+    return aggregate(task.config.multi_step_reward_strategy, env._step_results), info
+
+
+async def submit_step(
+    env: StepEpisode, state: State, action: Action, task: HarborTask
+) -> StepResult:
+    """A multi-step task's ``SUBMIT``: verify this step, then end the episode (last step,
+    or a ``min_reward`` miss) or open the next step."""
+    step, index = state.step + 1, env._step_index
+    last = index == len(task.steps) - 1
+    if env._replaying and last:
+        raise RestoreError(f"the replayed prefix submits the last step at step {step}", step=step)
+    verdict = await env.verify()
+    reward, info = final_verdict(env, task, verdict)
+    info = {"command": env.submit_keyword, "submitted": True, **info}
+    if last or not passes(task.steps[index].config.min_reward, verdict):
+        if env._replaying:
+            raise RestoreError(
+                f"the replayed step {task.steps[index].name!r} missed its min_reward at "
+                f"step {step} (reward {verdict.reward:g}): the replay diverged",
+                step=step,
+            )
+        info["multi_step_end"] = "completed" if last else "min_reward"
+        text = SUBMITTED_TEXT
+        if not last:
+            text += (
+                f" Step {index + 1} of {len(task.steps)} fell short of its min_reward; "
+                "the episode ends."
+            )
+        return env._result(state, action, text, reward, info, terminated=True)
+    env._step_index = index + 1
+    await enter_step(env, env._step_index)
+    env._restart_budget()
+    info["step_boundary"] = True
+    text = step_text(task, env._step_index, env.submit_keyword, env.workdir)
+    return env._result(state, action, text, 0.0, info)
 
 
 def oracle_actions(task: HarborTask, submit: str = "SUBMIT") -> tuple[str, ...]:
@@ -163,7 +289,7 @@ def step_index(task: HarborTask, step: int | str) -> int:
 
 
 async def start_at_step(
-    env: HarborEnvironment, task: int | str, step: int | str, *, seed: int | None = None
+    env: StepEpisode, task: int | str, step: int | str, *, seed: int | None = None
 ) -> State:
     """Harbor's way into the middle of a task: reset, then replay the earlier steps' oracle
     solutions (each boundary verified and staged as in an episode, no budget charged);

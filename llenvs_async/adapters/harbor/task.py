@@ -736,6 +736,7 @@ def load_task(path: Path | str, *, fallback_name: str | None = None) -> HarborTa
     compose_files = [root / "environment" / n for n in COMPOSE_FILES]
     compose_path = next((p for p in compose_files if p.is_file()), None)
     compose = load_compose(compose_path) if compose_path is not None else None
+    _check_services(config, compose, str(toml_path))
     name = config.task.name if config.task is not None else (fallback_name or root.name)
     return HarborTask(
         path=root,
@@ -748,6 +749,27 @@ def load_task(path: Path | str, *, fallback_name: str | None = None) -> HarborTa
         steps=steps,
         compose=compose,
     )
+
+
+def _check_services(config: TaskConfig, compose: ComposeSpec | None, toml_path: str) -> None:
+    """Every collect hook's and artifact's ``service`` is one the task has (``main``, or a
+    service of its compose file)."""
+    services = compose.service_names if compose is not None else ("main",)
+    named: list[tuple[str, str | None]] = [
+        (f"verifier.collect[{i}].service", hook.service)
+        for i, hook in enumerate(config.verifier.collect)
+    ]
+    named += [(f"artifacts[{i}].service", a.service) for i, a in enumerate(config.artifacts)]
+    for where, service in named:
+        if service is not None and service not in services:
+            raise TaskLoadError(
+                f"names service {service!r}, which the task does not have "
+                f"(services: {', '.join(services)}; sidecars come from "
+                "environment/docker-compose.yaml)",
+                path=toml_path,
+                field=where,
+                value=service,
+            )
 
 
 def _load_steps(root: Path, config: TaskConfig, toml_path: str) -> tuple[TaskStep, ...]:

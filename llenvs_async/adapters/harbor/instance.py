@@ -1,0 +1,198 @@
+"""The running instance of a Harbor episode: its container (or gVisor sandbox), shell and sidecars.
+
+Containers get the task's ``cpus`` and ``memory_mb``; ``storage_mb`` is not enforced
+(overlay2 quotas need xfs) and tasks asking for GPUs are refused. A compose task's
+sidecars join the main container's network namespace (``sidecars.py``); a failure part
+way removes what was started, so no half-made pod outlives a failed reset.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from ...docker.container import Container, ContainerSpec
+from ...docker.engine import DockerEngine
+from ...docker.pool import WarmPool
+from ...docker.shell import ShellSession
+from ...errors import ContainerError, EnvError
+from .image import TASK_IMAGE_LABEL, TaskImages
+from .sidecars import Sidecars, extra_hosts, start_sidecars
+from .task import HarborTask, resolve_env
+
+if TYPE_CHECKING:
+    from ...sandbox.fork import SandboxCheckpoint
+    from ...sandbox.sandbox import Sandbox
+
+__all__ = ["DATASET_LABEL", "HarborRuntime", "Instance", "as_docker", "start_instance"]
+
+DATASET_LABEL = "llenvs.harbor.dataset"
+_MIB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HarborRuntime:
+    """What every environment of one adapter shares: the image cache and the Docker settings."""
+
+    images: TaskImages
+    allow_network: bool = False
+    docker_url: str | None = None
+    engine: DockerEngine | None = None
+    pool: WarmPool | None = None
+    artifacts_dir: Path | None = None
+    """Where verified episodes' artifacts are kept (``<task>/<episode>/...``); None: not kept."""
+    engine_users: set[int] | None = None
+    """Environments using ``engine`` now; when the last one closes the engine disconnects
+    (reconnecting on next use), so an adapter that is never closed leaks no connection.
+    ``None``: the engine's owner closes it (a caller's engine, or a warm pool's)."""
+    container_runtime: Literal["runc", "gvisor"] = "runc"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Instance:
+    """One episode's running box: the agent's container and shell, its sidecars, its network."""
+
+    container: Container | Sandbox
+    shell: ShellSession
+    sidecars: Sidecars | None
+    network: bool
+    """The container was given a network (the run allows it and the task asks)."""
+    bridge: bool
+    """That network reaches beyond loopback (the daemon has a bridge)."""
+    workdir: str
+
+    async def aclose(self) -> None:
+        """Remove the sidecars, then the container (idempotent: both are)."""
+        try:
+            if self.sidecars is not None:
+                await self.sidecars.aclose()
+        finally:
+            await self.container.aclose()
+
+
+def as_docker(container: Container | Sandbox) -> Container:
+    """The agent's container where only a Docker one will do (archives, sidecars)."""
+    if not isinstance(container, Container):
+        raise EnvError("artifacts and sidecars need a Docker container (runtime='runc')")
+    return container
+
+
+async def start_instance(
+    runtime: HarborRuntime,
+    engine: DockerEngine,
+    task: HarborTask,
+    *,
+    dataset_spec: str,
+    image: str | None,
+    checkpoint: SandboxCheckpoint | None = None,
+) -> Instance:
+    """Start ``task``'s box from ``image`` (else the task image; from ``checkpoint``: restore
+    that gVisor sandbox), with its shell and sidecars."""
+    env_cfg = task.config.environment
+    if env_cfg.gpus:
+        raise EnvError(f"task {task.name!r} needs {env_cfg.gpus} GPU(s); none offered")
+    if checkpoint is None:
+        image = image or await runtime.images.ensure(engine, task)
+    else:
+        image = checkpoint.spec.image
+    network = runtime.allow_network and env_cfg.wants_network
+    bridge = network and await _daemon_has_bridge(engine)
+    agent_user = task.config.agent.user
+    compose = task.compose
+    spec = ContainerSpec(
+        image=image,
+        env={
+            **resolve_env(env_cfg.env, task.name),
+            **(compose.main.environment if compose else {}),
+        },
+        extra_hosts=extra_hosts(compose) if compose else (),
+        workdir=env_cfg.workdir,
+        user=None if agent_user is None else str(agent_user),
+        network_mode="bridge" if network else "none",
+        memory_bytes=env_cfg.memory_mb * _MIB,
+        cpus=env_cfg.cpus,
+        labels={TASK_IMAGE_LABEL: task.name, DATASET_LABEL: dataset_spec},
+    )
+    container: Container | Sandbox
+    if checkpoint is not None or runtime.container_runtime == "gvisor":
+        _check_gvisor_task(task, keep_artifacts=runtime.artifacts_dir is not None)
+        container, shell = await _start_sandbox(engine, spec, checkpoint, network=network)
+    elif runtime.pool is not None:  # started, shell open: no create on this path
+        warm = await runtime.pool.take(spec)
+        container, shell = warm.container, warm.shell
+    else:
+        container = await Container.create(engine, spec)
+        try:
+            shell = await container.shell()
+        except BaseException:
+            await container.aclose()
+            raise
+    sidecars = None
+    try:
+        if compose is not None and compose.sidecars:
+            sidecars = await start_sidecars(
+                engine, runtime.images, task, as_docker(container),
+                memory_bytes=spec.memory_bytes, cpus=spec.cpus,
+            )  # fmt: skip
+        details = await container.inspect()
+    except BaseException:
+        await Instance(
+            container=container, shell=shell, sidecars=sidecars, network=network,
+            bridge=bridge, workdir="/",
+        ).aclose()  # fmt: skip
+        raise
+    workdir = env_cfg.workdir or (details.get("Config") or {}).get("WorkingDir") or "/"
+    return Instance(
+        container=container, shell=shell, sidecars=sidecars, network=network, bridge=bridge,
+        workdir=workdir,
+    )  # fmt: skip
+
+
+async def _start_sandbox(
+    engine: DockerEngine,
+    spec: ContainerSpec,
+    checkpoint: SandboxCheckpoint | None,
+    *,
+    network: bool,
+) -> tuple[Sandbox, ShellSession]:
+    """A gVisor sandbox with its shell: new, or restored from ``checkpoint``."""
+    from ...sandbox.fork import resume_sandbox
+    from ...sandbox.sandbox import Sandbox
+
+    if checkpoint is not None:
+        return await resume_sandbox(checkpoint, engine.labels)
+    if network:
+        raise EnvError("the gVisor runtime runs sandboxes without a network (--network=none)")
+    sandbox = await Sandbox.create(engine, spec)
+    try:
+        return sandbox, await sandbox.shell()
+    except BaseException:
+        await sandbox.aclose()
+        raise
+
+
+async def _daemon_has_bridge(engine: DockerEngine) -> bool:
+    """Whether the daemon has its default ``bridge`` network (not under ``--bridge=none``)."""
+    try:
+        found = await engine.request_json(
+            "GET", "networks", params={"filters": json.dumps({"name": ["bridge"]})}
+        )
+    except ContainerError:
+        return True  # unknown: say nothing about the bridge
+    return any(isinstance(n, dict) and n.get("Name") == "bridge" for n in found or [])
+
+
+def _check_gvisor_task(task: HarborTask, *, keep_artifacts: bool) -> None:
+    """Refuse what a gVisor sandbox cannot host yet: Docker sidecars joined to its network
+    namespace, and artifacts copied out as tar archives (separate verifier, artifacts_dir)."""
+    what = None
+    if task.compose is not None and task.compose.sidecars:
+        what = "compose sidecars (they join a Docker container's network namespace)"
+    elif task.config.verifier.separate:
+        what = "a separate verifier environment (its artifacts are copied out as an archive)"
+    elif keep_artifacts:
+        what = "artifacts_dir (artifacts are copied out as an archive)"
+    if what is not None:
+        raise EnvError(f"task {task.name!r}: runtime='gvisor' does not support {what}; use runc")
