@@ -90,7 +90,7 @@ def _cleanup_sandboxes() -> None:
     except GvisorUnavailableError:
         return  # no gVisor here: nothing of ours can exist
     sandboxes = [r for r in reaped if r.kind == "sandbox"]
-    checkpoints = len(reaped) - len(sandboxes)
+    checkpoints = sum(r.kind == "checkpoint" for r in reaped)
     if sandboxes:
         console.print(f"removed {len(sandboxes)} orphaned gVisor sandbox(es)")
     if checkpoints:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import http.client
-import io
 import json
 import math
 import secrets
@@ -21,6 +20,15 @@ import aiohttp
 from .._resource import AsyncResource
 from .._shield import shielded
 from ..errors import ClosedError, ContainerError, LlenvsError
+from ._exec_common import (
+    PidMark,
+    command_result,
+    files_tar,
+    kill_tree_argv,
+    kill_tree_count,
+    pid_marked,
+    shell_command,
+)
 from .engine import DockerEngine, translate_errors
 from .output import DEFAULT_MAX_OUTPUT_BYTES, CappedOutput, CommandResult
 from .ownership import OWNER_LABELS, SESSION_LABEL
@@ -37,48 +45,9 @@ __all__ = ["DEFAULT_CAP_DROP", "Container", "ContainerSpec"]
 # Capabilities a shell task (apt, pip, compilers, servers on low ports) does not need.
 DEFAULT_CAP_DROP = ("AUDIT_WRITE", "MKNOD", "NET_RAW", "SETFCAP", "SETPCAP", "SYS_CHROOT")
 _GiB = 1 << 30
-_PID_MARK = "__llenvs_pid__"
 # One value per ``Container.create`` call: finds a container whose create request was cut
 # off (timeout) after the daemon made it but before its id came back.
 _CREATE_LABEL = "llenvs.create"
-
-# Signals a process tree from a second exec, using only shell builtins (it must work even
-# when the pids limit is exhausted). Args: SIGNAL ROOT KEEP_ROOT(0/1) MIN_AGE_TICKS(-: all).
-# Targets ROOT and those of its process group and descendants started at most MIN_AGE_TICKS
-# ago; KILL repeats until nothing is left (fork bombs). Prints how many signals were sent.
-KILL_TREE_SCRIPT = r"""
-sig=$1 root=$2 keep=$3 age=$4 self=$$ pg=$2 min=0 total=0 rounds=0
-if read -r l 2>/dev/null </proc/$root/stat; then set -- ${l##*)}; pg=$3; fi
-if [ "$age" != - ]; then
-  read -r up _ </proc/uptime; up=${up%.*}${up#*.}; min=$((up - age))
-fi
-while [ $rounds -lt 100 ]; do
-  rounds=$((rounds + 1)) tree=" $root " more=1 hit=0
-  while [ $more = 1 ]; do
-    more=0
-    for d in /proc/[0-9]*; do
-      p=${d#/proc/}
-      case $tree in *" $p "*) continue ;; esac
-      read -r l 2>/dev/null <$d/stat || continue
-      set -- ${l##*)}
-      case $tree in *" $2 "*) tree="$tree$p " more=1; continue ;; esac
-      if [ "$3" = "$pg" ]; then tree="$tree$p " more=1; fi
-    done
-  done
-  for p in $tree; do
-    [ "$p" = "$self" ] && continue
-    [ "$keep" = 1 ] && [ "$p" = "$root" ] && continue
-    read -r l 2>/dev/null </proc/$p/stat || continue
-    set -- ${l##*)}
-    [ "$1" = Z ] && continue
-    [ "$p" != "$root" ] && [ "${20}" -lt "$min" ] && continue
-    kill -$sig $p 2>/dev/null && hit=$((hit + 1))
-  done
-  total=$((total + hit))
-  [ "$sig" = KILL ] && [ $hit -gt 0 ] || break
-done
-echo $total
-"""
 
 
 def _frozen(mapping: Mapping[str, str] | None = None) -> Mapping[str, str]:
@@ -283,28 +252,27 @@ class Container(AsyncResource):
         On timeout, or if the caller is cancelled, the process's whole group and its
         descendants are killed. Needs ``/bin/sh`` in the image.
         """
-        command = ["/bin/sh", "-c", argv] if isinstance(argv, str) else list(argv)
-        if not command:
-            raise ValueError("exec needs a non-empty argv")
-        wrapped = ["/bin/sh", "-c", f'printf "{_PID_MARK}%d\\n" $$; exec "$@"', "sh", *command]
+        command = shell_command(argv)
         started = time.monotonic()
-        execution, stream = await self.open_exec(wrapped, env=env, workdir=workdir, user=user)
+        execution, stream = await self.open_exec(
+            pid_marked(command), env=env, workdir=workdir, user=user
+        )
         out = CappedOutput(max_output_bytes)
-        pid: list[int] = []
+        mark = PidMark()
         timed_out = False
         try:
             try:
                 async with asyncio.timeout(timeout):
-                    await _drain(stream, out, pid)
+                    await _drain(stream, out, mark)
             except TimeoutError:
                 timed_out = True
-                if pid and pid[0] > 0:
-                    await self.signal_tree(pid[0], "KILL")
+                if mark.pid:
+                    await self.signal_tree(mark.pid, "KILL")
                 async with asyncio.timeout(10):
-                    await _drain(stream, out, pid)
+                    await _drain(stream, out, mark)
         except asyncio.CancelledError:
-            if pid and pid[0] > 0:
-                await shielded(self.signal_tree(pid[0], "KILL"), within=10)
+            if mark.pid:
+                await shielded(self.signal_tree(mark.pid, "KILL"), within=10)
             raise
         except TimeoutError as exc:
             raise ContainerError(
@@ -314,13 +282,8 @@ class Container(AsyncResource):
             await stream.close()
         with translate_errors("inspecting exec", container_id=self.id):
             info = await execution.inspect()
-        return CommandResult(
-            output=out.text(),
-            exit_code=info.get("ExitCode"),
-            timed_out=timed_out,
-            truncated_bytes=out.truncated_bytes,
-            duration_s=time.monotonic() - started,
-        )
+        return command_result(out, exit_code=info.get("ExitCode"), timed_out=timed_out,
+                              started=started)  # fmt: skip
 
     async def signal_tree(
         self,
@@ -334,9 +297,7 @@ class Container(AsyncResource):
 
         ``max_age_s`` limits it to processes started that recently; returns the count signalled.
         """
-        age = "-" if max_age_s is None else str(math.ceil(max_age_s * 100) + 50)
-        argv = ["/bin/sh", "-c", KILL_TREE_SCRIPT, "llenvs-kill", signal, str(root_pid),
-                "1" if keep_root else "0", age]  # fmt: skip
+        argv = kill_tree_argv(signal, root_pid, keep_root=keep_root, max_age_s=max_age_s)
         _, stream = await self.open_exec(argv)
         out = CappedOutput(4096)
         try:
@@ -344,8 +305,7 @@ class Container(AsyncResource):
                 await _drain(stream, out)
         finally:
             await stream.close()
-        text = out.text().strip()
-        return int(text) if text.isdigit() else 0
+        return kill_tree_count(out.text())
 
     async def shell(
         self, *, shell: ShellKind = "auto", max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
@@ -357,16 +317,7 @@ class Container(AsyncResource):
 
     async def put_files(self, files: Mapping[str, bytes | str], *, mode: int = 0o644) -> None:
         """Write files (absolute paths; missing parent directories are created)."""
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            for path, content in files.items():
-                if not path.startswith("/"):
-                    raise ValueError(f"put_files needs absolute paths, got {path!r}")
-                data = content.encode() if isinstance(content, str) else content
-                member = tarfile.TarInfo(path.lstrip("/"))
-                member.size, member.mode, member.mtime = len(data), mode, int(time.time())
-                tar.addfile(member, io.BytesIO(data))
-        await self.put_archive("/", buf.getvalue())
+        await self.put_archive("/", files_tar(files, mode=mode))
 
     async def put_file(self, path: str, content: bytes | str, *, mode: int = 0o644) -> None:
         await self.put_files({path: content}, mode=mode)
@@ -486,25 +437,12 @@ class _ExecChannel:
         return code if isinstance(code, int) else None
 
 
-async def _drain(stream: Stream, out: CappedOutput, pid: list[int] | None = None) -> None:
-    """Read an exec stream to its end into ``out``; the first stdout line may carry the pid."""
-    head = bytearray()
-    while True:
-        message = await stream.read_out()
-        if message is None:
-            out.feed(bytes(head))
-            return
+async def _drain(stream: Stream, out: CappedOutput, mark: PidMark | None = None) -> None:
+    """Read an exec stream to its end into ``out``; ``mark`` takes the pid off stdout."""
+    while (message := await stream.read_out()) is not None:
         data = message.data
-        if pid is not None and not pid and message.stream == 1:
-            head += data
-            line, newline, rest = head.partition(b"\n")
-            if not newline:
-                continue
-            if line.startswith(_PID_MARK.encode()) and line[len(_PID_MARK) :].isdigit():
-                pid.append(int(line[len(_PID_MARK) :]))
-                data = bytes(rest)
-            else:
-                pid.append(0)
-                data = bytes(head)
-            head.clear()
+        if mark is not None and message.stream == 1:
+            data = mark.feed(data)
         out.feed(data)
+    if mark is not None:
+        out.feed(mark.flush())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterable, Iterator, Mapping
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
@@ -195,6 +195,15 @@ class DockerEngine:
                 detail = message.get("errorDetail", {}).get("message") or message.get("error")
                 raise ImageError(f"{what} failed: {detail}")
         return messages
+
+    async def export_container(
+        self, container_id: str, write: Callable[[bytes], Awaitable[None]]
+    ) -> None:
+        """Stream the container's filesystem as a tar (``docker export``) into ``write``."""
+        with translate_errors("exporting container", container_id=container_id):
+            async with self.client._query(f"containers/{container_id}/export") as response:
+                async for chunk in response.content.iter_chunked(1 << 20):
+                    await write(chunk)
 
     async def list_containers(self, labels: Mapping[str, str | None]) -> list[dict[str, Any]]:
         """All containers (running or not) carrying ``labels`` (``None`` value: any value)."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._shield import shielded
 from ..docker.container import ContainerSpec
 from ..docker.engine import DockerEngine, translate_errors
 from ..errors import GvisorUnavailableError, ImageError
@@ -98,35 +99,54 @@ async def ensure_rootfs(engine: DockerEngine, image: str) -> ImageRootfs:
 
 
 async def _export(engine: DockerEngine, image: str, target: Path) -> None:
-    """Export ``image`` into ``target`` (extracted next to it, then renamed into place)."""
+    """Export ``image`` into ``target`` (extracted next to it, then renamed into place); on
+    error or cancellation ``tar``, the partial tree and the export container all go."""
     partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
+    await asyncio.to_thread(_empty_dir, partial)
     body: dict[str, Any] = {"Image": image, "Entrypoint": ["/"], "Cmd": [], "Labels": engine.labels,
             "NetworkDisabled": True}  # fmt: skip
     with translate_errors(f"creating a container to export {image!r}", image=image):
         created = await engine.client.containers.create(body)
+    tar: asyncio.subprocess.Process | None = None
     try:
         tar = await asyncio.create_subprocess_exec(
             "tar", "-C", str(partial), "-x", "--numeric-owner", "-f", "-",
             stdin=subprocess.PIPE, stderr=subprocess.PIPE,
         )  # fmt: skip
-        assert tar.stdin is not None
-        with translate_errors(f"exporting {image!r}", image=image):
-            async with engine.client._query(f"containers/{created.id}/export") as response:
-                async for chunk in response.content.iter_chunked(1 << 20):
-                    tar.stdin.write(chunk)
-                    await tar.stdin.drain()
-        tar.stdin.close()
+        stdin = tar.stdin
+        assert stdin is not None
+
+        async def write(chunk: bytes) -> None:
+            stdin.write(chunk)
+            await stdin.drain()
+
+        await engine.export_container(created.id, write)
+        stdin.close()
         _, err = await tar.communicate()
         if tar.returncode != 0:
             raise ImageError(f"extracting {image!r} for gVisor failed: {err.decode()[-300:]}")
-        (partial / ".llenvs-complete").touch()
-        shutil.rmtree(target, ignore_errors=True)
-        partial.rename(target)
+        await asyncio.to_thread(_move_into_place, partial, target)
     finally:
-        shutil.rmtree(partial, ignore_errors=True)
-        await engine.remove_container(created.id)
+        try:
+            if tar is not None and tar.returncode is None:
+                tar.kill()
+                await shielded(tar.wait(), within=10)
+            await shielded(asyncio.to_thread(shutil.rmtree, partial, ignore_errors=True),
+                           within=120)  # fmt: skip
+        finally:
+            await shielded(engine.remove_container(created.id), within=30)
+
+
+def _empty_dir(directory: Path) -> None:
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+
+
+def _move_into_place(partial: Path, target: Path) -> None:
+    """Mark ``partial`` complete and replace ``target`` with it."""
+    (partial / ".llenvs-complete").touch()
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
 
 
 def _user_ids(rootfs: Path, user: str) -> tuple[int, int]:

@@ -41,6 +41,8 @@ echo $$ >>"$d/relay"
 exec cat >"$d/in" 2>/dev/null
 """
 _READ = 65536
+# How long after our streams end the shell's parent may take to record its status.
+_RELAY_END_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,13 +93,19 @@ class FifoChannel:
         return None
 
     async def exit_code(self) -> int | None:
-        """The shell's exit status, recorded by its parent in the sandbox (if it got to)."""
-        for _ in range(20):
-            result = await self.sandbox.exec(["/bin/sh", "-c", f"cat {self.directory}/rc"])
-            if result.ok and result.output.strip().isdigit():
-                return int(result.output.strip())
-            await asyncio.sleep(0.05)
-        return None
+        """The shell's exit status, recorded by its parent in the sandbox (if it got to).
+
+        Our streams may end before it is written (the shell's exit closes its FIFOs), but
+        the parent writes it before it kills the relay: so wait for the relay to end.
+        """
+        try:
+            async with asyncio.timeout(_RELAY_END_TIMEOUT):
+                await self._proc.wait()
+        except TimeoutError:
+            return None  # the relay lives on: the shell's parent never got to end it
+        result = await self.sandbox.exec(["/bin/sh", "-c", f"cat {self.directory}/rc"])
+        text = result.output.strip()
+        return int(text) if result.ok and text.isdigit() else None
 
     async def close(self) -> None:
         """End the relay (its processes in the sandbox too: they hold our pipes, donated to

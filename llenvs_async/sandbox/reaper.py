@@ -14,7 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,8 @@ _backstops: dict[Path, Runsc] = {}
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReapedSandbox:
-    """A sandbox (``kind="sandbox"``) or checkpoint image (``"checkpoint"``) removed."""
+    """A sandbox (``kind="sandbox"``), checkpoint image (``"checkpoint"``) or bundle of a
+    start cut off before runsc recorded it (``"bundle"``) removed."""
 
     id: str
     kind: str
@@ -68,7 +69,7 @@ def kill_bundle_processes(bundle: Path) -> int:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if mark in argv and argv[0].startswith(b"runsc"):
+        if mark in argv and os.path.basename(argv[0]).startswith(b"runsc"):
             try:
                 os.kill(int(proc.name), signal.SIGKILL)
                 killed += 1
@@ -113,21 +114,33 @@ def _mine(labels: Mapping[str, str]) -> bool:
 
 def remove_own_sandboxes_sync(runsc: Runsc) -> list[str]:
     """Remove every sandbox and checkpoint image of this process, without an event loop."""
+    return [removed.id for removed in _remove_where(runsc, _mine)]
+
+
+def _remove_where(runsc: Runsc, wanted: Callable[[Mapping[str, str]], bool]) -> list[ReapedSandbox]:
+    """Remove the sandboxes, checkpoint images and unrecorded bundles whose labels are
+    ``wanted``."""
+
+    def reaped(kind: str, name: str, labels: Mapping[str, str]) -> ReapedSandbox:
+        owner = Owner.from_labels(labels)
+        return ReapedSandbox(id=name, kind=kind, owner=owner.label if owner else "",
+                             session=str(labels.get(SESSION_LABEL, "")))  # fmt: skip
+
     removed = []
     for item in list_sandboxes(runsc):
-        if _mine(item.get("annotations") or {}):
+        if wanted(labels := item.get("annotations") or {}):
             remove_sandbox_sync(runsc, str(item["id"]))
-            removed.append(str(item["id"]))
+            removed.append(reaped("sandbox", str(item["id"]), labels))
     for directory, labels in _checkpoint_owners(runsc):
-        if _mine(labels):
+        if wanted(labels):
             shutil.rmtree(directory, ignore_errors=True)
-            removed.append(directory.name)
+            removed.append(reaped("checkpoint", directory.name, labels))
     live = _ids(runsc)
     for bundle in runsc.bundles.iterdir() if runsc.bundles.exists() else []:
-        if bundle.name not in live and _mine(_bundle_labels(bundle)):  # a start cut off
-            kill_bundle_processes(bundle)
+        if bundle.name not in live and wanted(labels := _bundle_labels(bundle)):
+            kill_bundle_processes(bundle)  # a start cut off before runsc recorded it
             shutil.rmtree(bundle, ignore_errors=True)
-            removed.append(bundle.name)
+            removed.append(reaped("bundle", bundle.name, labels))
     return removed
 
 
@@ -157,36 +170,17 @@ def register_sandbox_backstop(runsc: Runsc) -> None:
     _backstops.setdefault(runsc.root, runsc)
 
 
-def _orphaned(labels: Mapping[str, str], force: bool) -> Owner | None:
+def _orphaned(labels: Mapping[str, str], force: bool) -> bool:
     owner = Owner.from_labels(labels)
     if owner is None:
-        return None
-    if process_alive(owner) if checkable(owner) else not force:
-        return None
-    return owner
+        return False
+    return not (process_alive(owner) if checkable(owner) else not force)
 
 
 def reap_orphan_sandboxes(
     runsc: Runsc | None = None, *, force: bool = False
 ) -> list[ReapedSandbox]:
-    """Remove sandboxes and checkpoint images whose owner process is provably gone (same
-    rule as ``reap_orphans`` for containers; ``force``: also owners this process cannot check)."""
-    runsc = runsc or find_runsc()
-    reaped = []
-    for item in list_sandboxes(runsc):
-        labels = item.get("annotations") or {}
-        if (owner := _orphaned(labels, force)) is not None:
-            remove_sandbox_sync(runsc, str(item["id"]))
-            reaped.append(ReapedSandbox(id=str(item["id"]), kind="sandbox", owner=owner.label,
-                                        session=str(labels.get(SESSION_LABEL, ""))))  # fmt: skip
-    for directory, labels in _checkpoint_owners(runsc):
-        if (owner := _orphaned(labels, force)) is not None:
-            shutil.rmtree(directory, ignore_errors=True)
-            reaped.append(ReapedSandbox(id=directory.name, kind="checkpoint", owner=owner.label,
-                                        session=str(labels.get(SESSION_LABEL, ""))))  # fmt: skip
-    live = _ids(runsc)
-    for bundle in runsc.bundles.iterdir() if runsc.bundles.exists() else []:
-        if bundle.name not in live and _orphaned(_bundle_labels(bundle), force) is not None:
-            kill_bundle_processes(bundle)  # a start cut off before runsc recorded it
-            shutil.rmtree(bundle, ignore_errors=True)
-    return reaped
+    """Remove sandboxes, checkpoint images and bundles whose owner process is provably gone
+    (same rule as ``reap_orphans`` for containers; ``force``: also owners this process
+    cannot check)."""
+    return _remove_where(runsc or find_runsc(), lambda labels: _orphaned(labels, force))

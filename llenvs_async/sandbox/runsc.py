@@ -17,6 +17,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._shield import shielded
 from ..errors import ContainerError, GvisorUnavailableError
 
 __all__ = ["ROOT_ENV", "RUNSC_ENV", "Runsc", "find_runsc"]
@@ -88,7 +89,7 @@ class Runsc:
         except BaseException:
             if proc.returncode is None:
                 proc.kill()
-                await asyncio.shield(proc.wait())
+                await shielded(proc.wait(), within=10)
             raise
         if proc.returncode != 0:
             if log is not None:

@@ -10,11 +10,8 @@ as OCI annotations (``runsc list`` shows them: how ``reap_orphan_sandboxes`` fin
 from __future__ import annotations
 
 import asyncio
-import io
-import math
 import secrets
 import subprocess
-import tarfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -22,7 +19,16 @@ from typing import Any, Literal
 
 from .._resource import AsyncResource
 from .._shield import shielded
-from ..docker.container import KILL_TREE_SCRIPT, ContainerSpec
+from ..docker._exec_common import (
+    PidMark,
+    command_result,
+    files_tar,
+    kill_tree_argv,
+    kill_tree_count,
+    pid_marked,
+    shell_command,
+)
+from ..docker.container import ContainerSpec
 from ..docker.engine import DockerEngine
 from ..docker.output import DEFAULT_MAX_OUTPUT_BYTES, CappedOutput, CommandResult
 from ..docker.shell import ShellChannel, ShellKind, ShellSession
@@ -34,7 +40,8 @@ from .runsc import Runsc, find_runsc
 
 __all__ = ["Sandbox"]
 
-_PID_MARK = b"__llenvs_pid__"
+# How long the second exec that signals a process tree may take (then it is killed).
+_SIGNAL_TIMEOUT = 10.0
 # A missing file, told apart from other failures of ``get_file``.
 _MISSING = 44
 
@@ -141,7 +148,7 @@ class Sandbox(AsyncResource):
         process = self.config["process"]
         return {"Id": self.id, "Config": {"WorkingDir": process["cwd"], "Env": process["env"]}}
 
-    def _exec_argv(
+    def _exec_args(
         self,
         argv: Sequence[str],
         *,
@@ -154,7 +161,7 @@ class Sandbox(AsyncResource):
             flags.append(f"--cwd={workdir}")
         if user:
             flags.append(f"--user={user}")
-        return self.runsc.argv("exec", *flags, self.id, *argv)
+        return ["exec", *flags, self.id, *argv]
 
     async def exec(
         self,
@@ -170,45 +177,43 @@ class Sandbox(AsyncResource):
         """Run one process (``runsc exec``; a string runs under ``/bin/sh -c``); stdout and
         stderr combined. On timeout or cancellation its group and descendants are killed."""
         self._check_open()
-        command = ["/bin/sh", "-c", argv] if isinstance(argv, str) else list(argv)
-        if not command:
-            raise ValueError("exec needs a non-empty argv")
-        mark = _PID_MARK.decode()
-        wrapped = ["/bin/sh", "-c", f'printf "{mark}%d\\n" $$; exec "$@"', "sh", *command]
+        command = shell_command(argv)
+        wrapped = pid_marked(command)
         started = time.monotonic()
         proc = await asyncio.create_subprocess_exec(
-            *self._exec_argv(wrapped, env=env, workdir=workdir, user=user),
+            *self.runsc.argv(*self._exec_args(wrapped, env=env, workdir=workdir, user=user)),
             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
         out = CappedOutput(max_output_bytes)
-        pid: list[int] = []
-        timed_out = False
+        mark = PidMark()
+        timed_out = signalled = False
         try:
             try:
                 async with asyncio.timeout(timeout):
-                    await _drain(proc, out, pid, stdin)
+                    await _drain(proc, out, mark, stdin)
             except TimeoutError:
                 timed_out = True
-                if pid and pid[0] > 0:
-                    await self.signal_tree(pid[0], "KILL")
+                if mark.pid:
+                    signalled = True
+                    await shielded(self.signal_tree(mark.pid, "KILL"), within=_SIGNAL_TIMEOUT + 5)
                 async with asyncio.timeout(10):
-                    await _drain(proc, out, pid, None)
-        except BaseException:
+                    await _drain(proc, out, mark, None)
+        except BaseException as exc:
             if proc.returncode is None:
-                if pid and pid[0] > 0:
-                    await shielded(self.signal_tree(pid[0], "KILL"), within=10)
+                if mark.pid and not signalled:
+                    await shielded(self.signal_tree(mark.pid, "KILL"), within=_SIGNAL_TIMEOUT + 5)
                 proc.kill()
                 await shielded(proc.wait(), within=10)
+            if timed_out and isinstance(exc, TimeoutError):
+                raise ContainerError(
+                    f"exec {command[0]!r} did not end when killed after its timeout",
+                    container_id=self.id,
+                ) from exc
             raise
-        return CommandResult(
-            output=out.text(),
-            exit_code=proc.returncode,
-            timed_out=timed_out,
-            truncated_bytes=out.truncated_bytes,
-            duration_s=time.monotonic() - started,
-        )
+        return command_result(out, exit_code=proc.returncode, timed_out=timed_out,
+                              started=started)  # fmt: skip
 
     async def signal_tree(
         self,
@@ -218,17 +223,12 @@ class Sandbox(AsyncResource):
         keep_root: bool = False,
         max_age_s: float | None = None,
     ) -> int:
-        """Signal ``root_pid``'s process group and descendants (as ``Container.signal_tree``)."""
-        age = "-" if max_age_s is None else str(math.ceil(max_age_s * 100) + 50)
-        argv = ["/bin/sh", "-c", KILL_TREE_SCRIPT, "llenvs-kill", signal, str(root_pid),
-                "1" if keep_root else "0", age]  # fmt: skip
-        proc = await asyncio.create_subprocess_exec(
-            *self._exec_argv(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        out, _ = await proc.communicate()
-        text = out.decode(errors="replace").strip()
-        return int(text) if text.isdigit() else 0
+        """Signal ``root_pid``'s process group and descendants (as ``Container.signal_tree``);
+        the ``runsc exec`` doing it is killed if cut off or past ``_SIGNAL_TIMEOUT``."""
+        argv = kill_tree_argv(signal, root_pid, keep_root=keep_root, max_age_s=max_age_s)
+        out = await self.runsc.call(*self._exec_args(argv), timeout=_SIGNAL_TIMEOUT,
+                                    what=f"exec (signal {signal} to {root_pid})")  # fmt: skip
+        return kill_tree_count(out)
 
     async def open_channel(self, argv: list[str]) -> ShellChannel:
         """Start ``argv`` on FIFOs in the sandbox and relay to it (see ``channel``)."""
@@ -267,16 +267,7 @@ class Sandbox(AsyncResource):
 
     async def put_files(self, files: Mapping[str, bytes | str], *, mode: int = 0o644) -> None:
         """Write files (absolute paths; missing parent directories are created)."""
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            for path, content in files.items():
-                if not path.startswith("/"):
-                    raise ValueError(f"put_files needs absolute paths, got {path!r}")
-                data = content.encode() if isinstance(content, str) else content
-                member = tarfile.TarInfo(path.lstrip("/"))
-                member.size, member.mode, member.mtime = len(data), mode, int(time.time())
-                tar.addfile(member, io.BytesIO(data))
-        await self.put_archive("/", buf.getvalue())
+        await self.put_archive("/", files_tar(files, mode=mode))
 
     async def put_archive(self, directory: str, tar_bytes: bytes) -> None:
         """Extract a tar archive into ``directory`` (needs ``tar`` in the image)."""
@@ -356,28 +347,15 @@ class Sandbox(AsyncResource):
 
 
 async def _drain(
-    proc: asyncio.subprocess.Process, out: CappedOutput, pid: list[int], stdin: bytes | None
+    proc: asyncio.subprocess.Process, out: CappedOutput, mark: PidMark, stdin: bytes | None
 ) -> None:
-    """Feed ``stdin``, read stdout to its end (the first line carries the pid), wait."""
+    """Feed ``stdin``, read stdout to its end (``mark`` takes the pid off it), wait."""
     assert proc.stdout is not None
     if stdin is not None and proc.stdin is not None:
         proc.stdin.write(stdin)
         await proc.stdin.drain()
         proc.stdin.close()
-    head = b""
     while chunk := await proc.stdout.read(65536):
-        if not pid:
-            head += chunk
-            line, newline, rest = head.partition(b"\n")
-            if not newline:
-                continue
-            if line.startswith(_PID_MARK) and line[len(_PID_MARK) :].isdigit():
-                pid.append(int(line[len(_PID_MARK) :]))
-                chunk = rest
-            else:
-                pid.append(0)
-                chunk = head
-        out.feed(chunk)
-    if not pid:
-        out.feed(head)
+        out.feed(mark.feed(chunk))
+    out.feed(mark.flush())
     await proc.wait()
