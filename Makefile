@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install vllm tiny-model test test-fast test-ray lint demo bench docker gvisor images browser clean
+.PHONY: install vllm tiny-model test-wheels test test-fast test-ray lint demo bench docker gvisor images browser clean
 
 install: $(STAMP)
 
@@ -38,7 +38,11 @@ images: install docker
 browser:
 	bash scripts/ensure-chromium.sh
 
-test: install vllm docker gvisor images browser
+# Wheels the provisioning test serves from its own 127.0.0.1 index (cached; a no-op when present).
+test-wheels: install
+	VENV=$(VENV) bash scripts/ensure-test-wheels.sh
+
+test: install vllm docker gvisor images browser test-wheels
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: install
