@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -22,16 +21,11 @@ from llenvs_async.cli import main
 from llenvs_async.cli._sources import HarborOptions
 from llenvs_async.docker.engine import DockerEngine
 
-from ._local_index import serve_index, simple_tree
+from ._local_index import WHEELS, cached_packages, serve, simple_tree
 from .conftest import harbor_containers
 
 TASK = Path(__file__).resolve().parent / "tasks_real" / "uv-verifier"
 TB_SHAPE = (TASK / "tests" / "test.sh").read_text()
-WHEELS = (
-    Path(os.environ.get("LLENVS_CACHE_DIR", Path.home() / ".cache" / "llenvs-async"))
-    / "wheels"
-    / "provision-test"
-)
 
 
 def test_the_terminal_bench_shape_is_recognised() -> None:
@@ -118,16 +112,12 @@ async def test_a_provisioned_uvx_verifier_scores_one_without_a_network(
     tmp_path: Path, docker_engine: DockerEngine
 ) -> None:
     """The build downloads uv and pytest from a package index on 127.0.0.1 that this test
-    serves (wheels from ``scripts/ensure-test-wheels.sh``), never from the internet."""
-    if not (WHEELS / ".complete").is_file():
-        message = f"no provisioning wheels at {WHEELS}: run scripts/ensure-test-wheels.sh"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"CI=true: {message}")
-        pytest.skip(message)
-    projects = simple_tree(WHEELS, tmp_path / "index")
+    serves (wheels from ``scripts/ensure-test-packages.sh``), never from the internet."""
+    projects = simple_tree(cached_packages(WHEELS), tmp_path / "index")
     assert {"uv", "pytest", "pytest-json-ctrf"} <= set(projects)
     out = tmp_path / "uv.jsonl"
-    with serve_index(tmp_path / "index") as (index_url, requests):
+    with serve(tmp_path / "index") as (url, requests):
+        index_url = f"{url}/simple"
         args = ["run", str(TASK), "-o", str(out), "-q", "--build-network", "--provision-verifier"]
         await asyncio.to_thread(main, [*args, "--provision-index-url", index_url])
     (record,) = [json.loads(line) for line in out.read_text().splitlines()]
