@@ -27,7 +27,8 @@ import pytest
 from llenvs_async.adapters.harbor import load_local_dataset
 from llenvs_async.cli import main
 from llenvs_async.docker.engine import DockerEngine
-from llenvs_async.docker.images import ensure_standin_images
+from llenvs_async.docker.images import PYTHON_STANDIN
+from llenvs_async.testing.images import require_built_images
 
 from ._local_index import DEBS, apt_tree, cached_packages, serve
 from .conftest import harbor_containers
@@ -107,7 +108,7 @@ async def test_oracle_run_scores_solvable_tasks_and_names_each_refusal(
     capsys: pytest.CaptureFixture[str],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    await ensure_standin_images(docker_engine)  # python:3* stand-in (apt, once per engine)
+    await require_built_images(docker_engine, PYTHON_STANDIN)  # the python:3* stand-in
     out = tmp_path / "real.jsonl"
     args = ["run", str(_fresh_copy(tmp_path)), "-o", str(out), "--quiet", "--n-concurrent", "4"]
     code = await asyncio.to_thread(main, args)  # the CLI runs its own event loop
@@ -185,7 +186,7 @@ async def test_allow_network_without_a_bridge_says_why_the_verifier_failed(
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail(f"CI=true: {message} (start it with scripts/ensure-docker.sh)")
         pytest.skip(message)
-    await ensure_standin_images(docker_engine)
+    await require_built_images(docker_engine, PYTHON_STANDIN)
     out = tmp_path / "net.jsonl"
     args = ["run", str(TASKS), "-t", "verifier-needs-network", "-o", str(out), "-q"]
     await asyncio.to_thread(main, [*args, "--allow-network"])
