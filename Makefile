@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install vllm tiny-model test test-fast test-ray lint demo bench docker gvisor images browser clean
+.PHONY: install vllm tiny-model test-packages test test-fast test-ray lint demo bench docker gvisor images browser clean
 
 install: $(STAMP)
 
@@ -38,7 +38,11 @@ images: install docker
 browser:
 	bash scripts/ensure-chromium.sh
 
-test: install vllm docker gvisor images browser
+# Wheels and .debs tests serve from their own 127.0.0.1 servers (cached; a no-op when present).
+test-packages: install
+	VENV=$(VENV) bash scripts/ensure-test-packages.sh
+
+test: install vllm docker gvisor images browser test-packages
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: install

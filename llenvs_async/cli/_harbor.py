@@ -52,6 +52,7 @@ async def open_harbor(spec: SourceSpec) -> Source:
         build_network=options.build_network,
         build_ca_bundle=options.build_ca_bundle,
         provision_verifier=options.provision_verifier,
+        provision_index_url=options.provision_index_url,
         runtime="gvisor" if options.runtime == "gvisor" else "runc",
         artifacts_dir=options.artifacts_dir,
     )

@@ -19,6 +19,7 @@ __all__ = [
     "BuildCaBundleOpt",
     "BuildNetworkOpt",
     "CommandTimeoutOpt",
+    "ProvisionIndexUrlOpt",
     "ProvisionVerifierOpt",
     "BaseUrlOpt",
     "DatasetArg",
@@ -127,6 +128,13 @@ StartStepOpt = Annotated[
         "solutions are replayed first, as Harbor does).",
     ),
 ]
+ProvisionIndexUrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--provision-index-url",
+        help="The package index (a PEP 503 /simple URL) --provision-verifier downloads from.",
+    ),
+]
 AllowNetworkOpt = Annotated[
     bool,
     typer.Option("--allow-network", help="Give containers a network when their task allows one."),
@@ -202,6 +210,7 @@ def harbor_options(
     runtime: str = "runc",
     artifacts_dir: Path | None = None,
     start_step: str | None = None,
+    provision_index_url: str | None = None,
 ) -> HarborOptions:
     """Bundle and validate the Harbor flags."""
     from ..adapters.harbor.image import parse_alias
@@ -219,6 +228,8 @@ def harbor_options(
         build_ca_bundle = str(path.resolve())
     if provision_verifier and not build_network:
         raise CliError("--provision-verifier fetches at build time: it needs --build-network")
+    if provision_index_url is not None and not provision_verifier:
+        raise CliError("--provision-index-url is the index of --provision-verifier")
     if command_timeout is not None and not command_timeout > 0:
         raise CliError(f"--command-timeout must be > 0 seconds, got {command_timeout}")
     if runtime not in ("runc", "gvisor"):
@@ -234,5 +245,5 @@ def harbor_options(
         allow_network=allow_network, command_timeout=command_timeout,
         provision_verifier=provision_verifier, runtime=runtime,
         artifacts_dir=None if artifacts_dir is None else str(artifacts_dir),
-        start_step=start_step,
+        start_step=start_step, provision_index_url=provision_index_url,
     )  # fmt: skip

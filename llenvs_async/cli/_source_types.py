@@ -25,7 +25,7 @@ BUILTIN_ENVS = ("arithmetic", "chain", "counter")
 class HarborOptions:
     """How Harbor tasks are built and run (``--base-image``, ``--build-network``,
     ``--build-ca-bundle``, ``--allow-network``, ``--command-timeout``,
-    ``--provision-verifier``)."""
+    ``--provision-verifier``, ``--provision-index-url``)."""
 
     base_images: tuple[tuple[str, str], ...] = ()
     build_network: bool = False
@@ -34,6 +34,8 @@ class HarborOptions:
     command_timeout: float | None = None
     """Seconds per command; ``None``: the task's ``[agent].timeout_sec``."""
     provision_verifier: bool = False
+    provision_index_url: str | None = None
+    """The index ``--provision-verifier`` downloads from (``--provision-index-url``)."""
     runtime: str = "runc"
     """``runc`` (Docker containers) or ``gvisor`` (runsc sandboxes)."""
     artifacts_dir: str | None = None
@@ -49,6 +51,7 @@ class HarborOptions:
             "allow_network": self.allow_network,
             "command_timeout": self.command_timeout,
             "provision_verifier": self.provision_verifier,
+            "provision_index_url": self.provision_index_url,
             "runtime": self.runtime,
             "artifacts_dir": self.artifacts_dir,
             "start_step": self.start_step,
@@ -68,6 +71,7 @@ class HarborOptions:
             allow_network=bool(data.get("allow_network", False)),
             command_timeout=data.get("command_timeout"),
             provision_verifier=bool(data.get("provision_verifier", False)),
+            provision_index_url=data.get("provision_index_url"),
             runtime=str(data.get("runtime", "runc")),
             artifacts_dir=data.get("artifacts_dir"),
             start_step=data.get("start_step"),

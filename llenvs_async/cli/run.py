@@ -70,6 +70,7 @@ def run(
     build_network: opt.BuildNetworkOpt = False,
     build_ca_bundle: opt.BuildCaBundleOpt = None,
     provision_verifier: opt.ProvisionVerifierOpt = False,
+    provision_index_url: opt.ProvisionIndexUrlOpt = None,
     allow_network: opt.AllowNetworkOpt = False,
     command_timeout: opt.CommandTimeoutOpt = None,
     runtime: opt.RuntimeOpt = "runc",
@@ -80,7 +81,7 @@ def run(
     """Collect trajectories over a Harbor dataset or a built-in env; one JSONL line each."""
     harbor = opt.harbor_options(
         base_image, build_network, build_ca_bundle, allow_network, command_timeout,
-        provision_verifier, runtime, artifacts_dir, start_step,
+        provision_verifier, runtime, artifacts_dir, start_step, provision_index_url,
     )  # fmt: skip
     spec = SourceSpec.from_flags(dataset, env, max_steps, harbor)
     options = opt.backend_options(

@@ -1,8 +1,9 @@
 """Opt-in (``pytest -m gpu``): VLLMBackend on a real AsyncLLM with a tiny model.
 
 Needs vLLM and a CUDA GPU; skipped otherwise. The model (``LLENVS_GPU_MODEL``, a hub
-name or a local path; default ``Qwen/Qwen2.5-0.5B-Instruct``) must be loadable
-offline where there is no network, and must have a chat template.
+name or a local path; default ``Qwen/Qwen2.5-0.5B-Instruct``) must have a chat template
+and is loaded offline (``HF_HUB_OFFLINE=1``: a hub name must already be in the local cache;
+no test downloads), with vLLM's usage reporting off.
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ import os
 
 import pytest
 
-from llenvs_async.backends.vllm import VLLMBackend
-from llenvs_async.types import ChatMessage, GenerationRequest, SamplingParams
+for _name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS"):
+    os.environ.setdefault(_name, "1")  # before vLLM is imported: nothing leaves the machine
+
+from llenvs_async.backends.vllm import VLLMBackend  # noqa: E402
+from llenvs_async.types import ChatMessage, GenerationRequest, SamplingParams  # noqa: E402
 
 MODEL = os.environ.get("LLENVS_GPU_MODEL", "Qwen/Qwen2.5-0.5B-Instruct")
 

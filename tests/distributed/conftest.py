@@ -91,8 +91,9 @@ async def docker_engine() -> AsyncIterator[Any]:
     """A connected engine with the Debian base image the example tasks build FROM; without
     an engine the test skips locally and FAILS in CI (``CI=true``)."""
     from llenvs_async.docker.engine import DockerEngine
-    from llenvs_async.docker.images import ensure_base_image
+    from llenvs_async.docker.images import BASE_IMAGE, ensure_base_image
     from llenvs_async.errors import DockerUnavailableError
+    from llenvs_async.testing.images import require_built_images
 
     engine = DockerEngine()
     try:
@@ -102,6 +103,7 @@ async def docker_engine() -> AsyncIterator[Any]:
             pytest.fail(f"CI=true but no Docker engine answers: {exc}")
         pytest.skip(f"no Docker engine: {exc}")
     try:
+        await require_built_images(engine, BASE_IMAGE)  # built by `make images`, not here
         await ensure_base_image(engine)
         yield engine
     finally:

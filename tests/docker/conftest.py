@@ -28,6 +28,7 @@ from llenvs_async.docker import (
     remove_own_containers_sync,
 )
 from llenvs_async.errors import DockerUnavailableError
+from llenvs_async.testing.images import require_built_images
 
 ContainerFactory = Callable[..., Awaitable[Container]]
 ShellFactory = Callable[..., Awaitable[ShellSession]]
@@ -78,10 +79,11 @@ def busybox_image(docker_ready: str) -> str:
 
 @pytest.fixture(scope="session")
 def base_image(docker_ready: str) -> str:
-    """The Debian base image (built by debootstrap on first use, about a minute)."""
+    """The Debian base image (``make images`` builds it by debootstrap; tests never do)."""
 
     async def build() -> None:
         async with DockerEngine() as engine:
+            await require_built_images(engine, BASE_IMAGE)
             await ensure_base_image(engine)
 
     asyncio.run(build())

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from llenvs_async.docker import BASE_ALIASES, DockerEngine, ensure_busybox_image
+from llenvs_async.docker import BASE_ALIASES, BASE_IMAGE, DockerEngine, ensure_busybox_image
 from llenvs_async.docker.images import IMAGE_LABEL, apt_mirror, build_image
 from llenvs_async.errors import ImageError
+from llenvs_async.testing.images import require_built_images
 
 from .conftest import ContainerFactory
 
@@ -109,3 +110,17 @@ async def test_failed_build_shows_the_log_tail_and_builds_have_no_network(
         assert f"ok-{token}" in log
     finally:
         await engine.client.images.delete(tag, force=True)
+
+
+async def test_a_missing_image_skips_locally_and_fails_under_ci(
+    engine: DockerEngine, docker_ready: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tests never build (download) a missing base image: they say ``make images``."""
+    missing = "llenvs-test/never-built:nope"
+    await require_built_images(engine, BASE_IMAGE)  # present: nothing happens
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match=f"{missing} not built: run `make images`"):
+        await require_built_images(engine, BASE_IMAGE, missing)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true: image"):
+        await require_built_images(engine, missing)

@@ -62,7 +62,8 @@ class HarborAdapter(AsyncResource):
     episode's ``artifacts`` (and ``/logs/artifacts``) under ``<dir>/<task>/<episode id>/``.
     ``provision_verifier``: a ``test.sh`` of the common ``curl .../uv/<ver>/install.sh | sh;
     uvx --with ... pytest`` shape gets uv and its packages at build time and runs offline
-    (see ``provision.py``; needs ``build_network``).
+    (see ``provision.py``; needs ``build_network``); ``provision_index_url``: the package
+    index (PEP 503 ``/simple`` URL) it downloads from instead of pip's/uv's default.
     ``runtime="gvisor"``: episodes run in gVisor sandboxes (``llenvs_async.sandbox``; needs
     runsc, root, no network), which ``SnapshotRestore(processes=True)`` can fork with their
     processes. Close the adapter (``async with``) to remove the pool's containers and close
@@ -83,6 +84,7 @@ class HarborAdapter(AsyncResource):
         warm_pool: int = 0,
         artifacts_dir: str | Path | None = None,
         provision_verifier: bool = False,
+        provision_index_url: str | None = None,
         runtime: Literal["runc", "gvisor"] = "runc",
     ) -> None:
         if provision_verifier and not build_network:
@@ -90,6 +92,8 @@ class HarborAdapter(AsyncResource):
                 "provision_verifier=True fetches the verifier's uv/pytest at build time: "
                 "it needs build_network=True (--build-network)"
             )
+        if provision_index_url is not None and not provision_verifier:
+            raise ValueError("provision_index_url is the index of provision_verifier=True")
         if runtime not in ("runc", "gvisor"):
             raise ValueError(f"runtime must be 'runc' or 'gvisor', got {runtime!r}")
         if runtime == "gvisor":
@@ -114,7 +118,10 @@ class HarborAdapter(AsyncResource):
         self.images = TaskImages(
             base_image_aliases or (),
             BuildSettings(
-                network=build_network, ca_bundle=ca_bundle, provision_verifier=provision_verifier
+                network=build_network,
+                ca_bundle=ca_bundle,
+                provision_verifier=provision_verifier,
+                provision_index_url=provision_index_url,
             ),
         )
         self._owns_engine = engine is None

@@ -130,6 +130,8 @@ class BuildSettings:
     ca_bundle: Path | None = None
     provision_verifier: bool = False
     """Provision what a recognised uv/uvx ``test.sh`` fetches (see ``provision.py``)."""
+    provision_index_url: str | None = None
+    """The package index provisioning downloads from; ``None``: pip's and uv's default."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -385,7 +387,9 @@ class TaskImages:
         ``provision``: with the verifier's uv/pytest fetched at build time."""
         dockerfile = await asyncio.to_thread(dockerfile_path.read_text, encoding="utf-8")
         if provision:
-            dockerfile = await asyncio.to_thread(_provisioned, task, dockerfile)
+            dockerfile = await asyncio.to_thread(
+                _provisioned, task, dockerfile, self.build.provision_index_url
+            )
         uses = []
         for index, kind, written in _image_uses(dockerfile):
             image = await self.resolver.resolve(engine, written)
@@ -471,14 +475,14 @@ class TaskImages:
         return None
 
 
-def _provisioned(task: HarborTask, dockerfile: str) -> str:
+def _provisioned(task: HarborTask, dockerfile: str, index_url: str | None) -> str:
     """``dockerfile`` with the verifier's uv/uvx needs provisioned, when ``test.sh`` has the
     recognised shape (else unchanged)."""
     provision = detect_provision((task.tests_dir / "test.sh").read_text(encoding="utf-8"))
     if provision is None:
         _log.info("task %s: test.sh has no recognised uv/uvx shape; not provisioned", task.name)
         return dockerfile
-    return provision_dockerfile(dockerfile, provision)
+    return provision_dockerfile(dockerfile, provision, index_url=index_url)
 
 
 async def _chunks(data: bytes) -> AsyncIterator[bytes]:

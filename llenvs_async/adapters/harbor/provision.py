@@ -20,6 +20,9 @@ each recognised ``uvx`` command run once with ``pytest --version`` so its packag
 its Python, when uv can download it) sit in ``/opt/llenvs-uv``'s cache. At test time the
 installer and apt lines become ``:`` no-ops (commented with what they were) and the
 verifier runs with ``UV_OFFLINE=1``. It needs a build network (``build_network``).
+``index_url`` (``provision_index_url``) points both downloads at another package index
+(a PEP 503 ``/simple`` URL, e.g. a mirror on 127.0.0.1): used by the build, and named
+(offline) to the verifier, since uv keys its cached index pages on the index URL.
 """
 
 from __future__ import annotations
@@ -144,18 +147,23 @@ def _last_user(dockerfile: str) -> str | None:
     return users[-1] if users else None
 
 
-def provision_dockerfile(dockerfile: str, provision: VerifierProvision) -> str:
+def provision_dockerfile(
+    dockerfile: str, provision: VerifierProvision, *, index_url: str | None = None
+) -> str:
     """``dockerfile`` with a uv download stage before its last ``FROM`` and the provisioning
-    steps at the end (run as root; the task's last ``USER`` restored after them)."""
+    steps at the end (run as root; the task's last ``USER`` restored after them);
+    ``index_url``: the package index both downloads use (default: pip's and uv's own)."""
+    pip_index = f"--index-url {shlex.quote(index_url)} " if index_url else ""
+    uv_index = f"UV_DEFAULT_INDEX={shlex.quote(index_url)} " if index_url else ""
     stage = (
         f"FROM {_STAGE_IMAGE} AS {_STAGE}\n"
-        "RUN python3 -m pip download --no-deps --only-binary=:all: -d /w "
+        f"RUN python3 -m pip download {pip_index}--no-deps --only-binary=:all: -d /w "
         f"uv=={provision.uv_version}"
         " && python3 -m zipfile -e /w/uv-*.whl /x"
         " && mkdir /out && cp /x/uv-*.data/scripts/uv /x/uv-*.data/scripts/uvx /out/"
         " && chmod 755 /out/uv /out/uvx\n"
     )
-    warm = " && ".join(_warm_command(run) for run in provision.runs)
+    warm = " && ".join(uv_index + _warm_command(run) for run in provision.runs)
     tail = [
         "USER root",
         f"COPY --from={_STAGE} /out/ /usr/local/bin/",
@@ -180,9 +188,13 @@ def _warm_command(run: UvxRun) -> str:
     return f"uvx {python}{packages}{shlex.quote(run.tool)} --version"
 
 
-def offline_test_sh(test_sh: str) -> tuple[str, dict[str, str]] | None:
+def offline_test_sh(
+    test_sh: str, *, index_url: str | None = None
+) -> tuple[str, dict[str, str]] | None:
     """For a recognised ``test_sh`` (whose image was provisioned): the script to upload and
-    the verifier's extra environment (``UV_OFFLINE=1``); ``None`` leaves it untouched."""
+    the verifier's extra environment (``UV_OFFLINE=1``, and the build's ``index_url``, whose
+    cached pages uv reads offline); ``None`` leaves it untouched."""
     if detect_provision(test_sh) is None:
         return None
-    return rewrite_test_sh(test_sh), {"UV_OFFLINE": "1"}
+    env = {"UV_OFFLINE": "1"} | ({"UV_DEFAULT_INDEX": index_url} if index_url else {})
+    return rewrite_test_sh(test_sh), env

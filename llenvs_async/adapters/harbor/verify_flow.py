@@ -75,7 +75,10 @@ async def verify_instance(
     else:
         offline = None
         if provisioned and task.dockerfile is not None:
-            offline = offline_test_sh((task.tests_dir / "test.sh").read_text(encoding="utf-8"))
+            offline = offline_test_sh(
+                (task.tests_dir / "test.sh").read_text(encoding="utf-8"),
+                index_url=runtime.images.build.provision_index_url,
+            )
         result, log = await run_tests(
             container,
             task=task,

@@ -14,9 +14,10 @@ import pytest
 from llenvs_async.adapters.harbor import HarborAdapter, HarborTask
 from llenvs_async.adapters.harbor.image import TASK_IMAGE_LABEL
 from llenvs_async.docker.engine import DockerEngine
-from llenvs_async.docker.images import ensure_base_image
+from llenvs_async.docker.images import BASE_IMAGE, ensure_base_image
 from llenvs_async.docker.ownership import OWNER_LABEL
 from llenvs_async.errors import DockerUnavailableError
+from llenvs_async.testing.images import require_built_images
 from llenvs_async.types import GenerationRequest
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "tasks"
@@ -78,7 +79,7 @@ def make_registry(tmp_path: Path) -> MakeRegistry:
 
 @pytest.fixture
 async def docker_engine() -> AsyncIterator[DockerEngine]:
-    """A connected engine with the Debian base image (built once if missing); without an
+    """A connected engine with the Debian base image (``make images`` builds it); without an
     engine the test skips locally and FAILS in CI (``CI=true``). Afterwards no Harbor
     container of this process may remain.
     """
@@ -90,6 +91,7 @@ async def docker_engine() -> AsyncIterator[DockerEngine]:
             pytest.fail(f"CI=true but no Docker engine answers: {exc}")
         pytest.skip(f"no Docker engine: {exc}")
     try:
+        await require_built_images(engine, BASE_IMAGE)  # built by `make images`, not here
         await ensure_base_image(engine)  # tags debian:bookworm-slim, which the tasks build FROM
         yield engine
         assert await harbor_containers(engine) == [], "the test left Harbor containers behind"

@@ -1,12 +1,11 @@
 """``provision_verifier``: exactly which ``test.sh`` shapes are recognised, what the image and
-the uploaded script become, and (real Docker, a build network reaching PyPI) a provisioned
-uv/uvx verifier scoring 1.0 in a container without a network."""
+the uploaded script become, and (real Docker, a build reaching only a package index this
+test serves on 127.0.0.1) a provisioned uv/uvx verifier scoring 1.0 without a network."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -22,11 +21,11 @@ from llenvs_async.cli import main
 from llenvs_async.cli._sources import HarborOptions
 from llenvs_async.docker.engine import DockerEngine
 
+from ._local_index import WHEELS, cached_packages, serve, simple_tree
 from .conftest import harbor_containers
 
 TASK = Path(__file__).resolve().parent / "tasks_real" / "uv-verifier"
 TB_SHAPE = (TASK / "tests" / "test.sh").read_text()
-CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
 
 def test_the_terminal_bench_shape_is_recognised() -> None:
@@ -112,25 +111,42 @@ def test_provisioning_needs_a_build_network() -> None:
 async def test_a_provisioned_uvx_verifier_scores_one_without_a_network(
     tmp_path: Path, docker_engine: DockerEngine
 ) -> None:
+    """The build downloads uv and pytest from a package index on 127.0.0.1 that this test
+    serves (wheels from ``scripts/ensure-test-packages.sh``), never from the internet."""
+    projects = simple_tree(cached_packages(WHEELS), tmp_path / "index")
+    assert {"uv", "pytest", "pytest-json-ctrf"} <= set(projects)
     out = tmp_path / "uv.jsonl"
-    args = ["run", str(TASK), "-o", str(out), "-q", "--build-network", "--provision-verifier"]
-    if Path(CA_BUNDLE).is_file():  # this machine reaches PyPI through a TLS-intercepting CA
-        args += ["--build-ca-bundle", CA_BUNDLE]
-    await asyncio.to_thread(main, args)
+    with serve(tmp_path / "index") as (url, requests):
+        index_url = f"{url}/simple"
+        args = ["run", str(TASK), "-o", str(out), "-q", "--build-network", "--provision-verifier"]
+        await asyncio.to_thread(main, [*args, "--provision-index-url", index_url])
     (record,) = [json.loads(line) for line in out.read_text().splitlines()]
     trajectory = record["trajectory"]
-    error = trajectory["error"]
-    if error is not None and error["type"] == "ImageError" and "uv==" in error["message"]:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"CI=true but builds cannot reach PyPI: {error['message']}")
-        pytest.skip(f"builds cannot reach PyPI here: {error['message'][:200]}")
-    assert error is None, error
+    assert trajectory["error"] is None, trajectory["error"]
+    assert "/simple/uv/" in requests and "/simple/pytest-json-ctrf/" in requests  # ours served
+    assert record["source"]["harbor"]["provision_index_url"] == index_url
     final = trajectory["transitions"][-1]
     assert final["reward"] == 1.0
     output = final["info"]["verifier_output"]
     assert "pytest-8.4.1" in output and "json-ctrf-0.3.5" in output  # the pinned versions ran
     assert "PASSED ../tests/test_outputs.py::test_answer_is_42" in output
     assert await harbor_containers(docker_engine) == []
+
+
+def test_the_index_url_reaches_both_downloads_and_needs_provisioning() -> None:
+    found = detect_provision(TB_SHAPE)
+    assert found is not None
+    url = "http://127.0.0.1:9/simple"
+    text = provision_dockerfile("FROM debian:bookworm-slim\n", found, index_url=url)
+    assert f"pip download --index-url {url} " in text
+    assert f"UV_DEFAULT_INDEX={url} uvx -p 3.11" in text
+    assert "ENV UV_DEFAULT_INDEX" not in text  # build time only: never baked into the image
+    assert "index" not in provision_dockerfile("FROM debian:bookworm-slim\n", found)
+    offline = offline_test_sh(TB_SHAPE, index_url=url)
+    assert offline is not None and offline[1] == {"UV_OFFLINE": "1", "UV_DEFAULT_INDEX": url}
+    with pytest.raises(ValueError, match="provision_index_url"):
+        HarborAdapter(build_network=True, provision_index_url=url)
+    assert main(["run", str(TASK), "--build-network", "--provision-index-url", url]) == 2
 
 
 def test_the_flag_is_recorded_with_the_results() -> None:

@@ -3,7 +3,8 @@ every solvable task scores 1.0, every unsupported one records its own clear erro
 
 The shapes: digest-pinned and registry-qualified ``FROM``, python/ubuntu bases (local
 stand-ins), ``ARG``-expanded ``FROM``, ``COPY --from`` a stage and an external image,
-apt/pip installs at build time (no build network: a clear error), heredoc and multi-line
+apt/pip installs at build time (no build network: a clear error; with one, apt reaches only
+a repository the test serves on 127.0.0.1), heredoc and multi-line
 ``solve.sh`` with files under ``solution/``, ``set -euo pipefail``, ``[solution].env``, a
 three-step task (and one whose second step misses its ``min_reward``, which ends the
 episode), a separate verifier with artifacts and a collect hook, a compose sidecar the main
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import uuid
 from pathlib import Path
@@ -25,8 +27,10 @@ import pytest
 from llenvs_async.adapters.harbor import load_local_dataset
 from llenvs_async.cli import main
 from llenvs_async.docker.engine import DockerEngine
-from llenvs_async.docker.images import ensure_standin_images
+from llenvs_async.docker.images import PYTHON_STANDIN
+from llenvs_async.testing.images import require_built_images
 
+from ._local_index import DEBS, apt_tree, cached_packages, serve
 from .conftest import harbor_containers
 
 TASKS = Path(__file__).resolve().parent / "tasks_real"
@@ -104,7 +108,7 @@ async def test_oracle_run_scores_solvable_tasks_and_names_each_refusal(
     capsys: pytest.CaptureFixture[str],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    await ensure_standin_images(docker_engine)  # python:3* stand-in (apt, once per engine)
+    await require_built_images(docker_engine, PYTHON_STANDIN)  # the python:3* stand-in
     out = tmp_path / "real.jsonl"
     args = ["run", str(_fresh_copy(tmp_path)), "-o", str(out), "--quiet", "--n-concurrent", "4"]
     code = await asyncio.to_thread(main, args)  # the CLI runs its own event loop
@@ -144,10 +148,23 @@ async def test_oracle_run_scores_solvable_tasks_and_names_each_refusal(
 async def test_build_network_lets_apt_install_at_build_time(
     tmp_path: Path, docker_engine: DockerEngine
 ) -> None:
+    """The build's apt reaches only an apt repository this test serves on 127.0.0.1 (the
+    task's sources replaced by it; .debs from ``scripts/ensure-test-packages.sh``)."""
+    served = apt_tree(cached_packages(DEBS), tmp_path / "apt")
+    assert "jq" in served
     tasks = _fresh_copy(tmp_path)
     out = tmp_path / "apt.jsonl"
     args = ["run", str(tasks), "-t", "apt-install-build", "-o", str(out), "-q", "--build-network"]
-    assert await asyncio.to_thread(main, args) == 0
+    with serve(tmp_path / "apt") as (url, requests):
+        dockerfile = tasks / "apt-install-build" / "environment" / "Dockerfile"
+        only_ours = (
+            f"RUN rm -rf /etc/apt/sources.list.d && echo 'deb [trusted=yes] {url} ./' "
+            "> /etc/apt/sources.list\nRUN "
+        )
+        dockerfile.write_text(dockerfile.read_text().replace("RUN ", only_ours, 1))
+        assert await asyncio.to_thread(main, args) == 0
+    paths = [p.removeprefix("/.") for p in requests]  # apt asks for /./Packages.xz
+    assert "/Packages" in paths and any(p.startswith("/jq_") for p in paths)
     trajectory = _records(out)["apt-install-build"]
     assert trajectory["error"] is None
     assert [t["reward"] for t in trajectory["transitions"]] == [0.0, 1.0]
@@ -156,21 +173,27 @@ async def test_build_network_lets_apt_install_at_build_time(
 
 @pytest.mark.docker
 @pytest.mark.slow
-async def test_allow_network_reaches_the_verifier_or_says_why_not(
+async def test_allow_network_without_a_bridge_says_why_the_verifier_failed(
     tmp_path: Path, docker_engine: DockerEngine
 ) -> None:
-    await ensure_standin_images(docker_engine)
+    """Only on a daemon without a bridge (``scripts/ensure-docker.sh``: ``--bridge=none``),
+    where a granted network is loopback only: a daemon with one would let this verifier
+    reach the internet, which no test may do."""
+    query = {"filters": json.dumps({"name": ["bridge"]})}
+    networks = await docker_engine.request_json("GET", "networks", params=query)
+    if any(n.get("Name") == "bridge" for n in networks or []):
+        message = "the Docker daemon has a bridge network: this verifier would leave loopback"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI=true: {message} (start it with scripts/ensure-docker.sh)")
+        pytest.skip(message)
+    await require_built_images(docker_engine, PYTHON_STANDIN)
     out = tmp_path / "net.jsonl"
     args = ["run", str(TASKS), "-t", "verifier-needs-network", "-o", str(out), "-q"]
     await asyncio.to_thread(main, [*args, "--allow-network"])
-    trajectory = _records(out)["verifier-needs-network"]
-    if trajectory["error"] is None:  # an engine whose containers reach the internet
-        assert trajectory["transitions"][-1]["reward"] == 1.0
-    else:  # this machine's daemon runs --bridge=none: a network in name only
-        assert trajectory["error"]["type"] == "VerifierError"
-        message = trajectory["error"]["message"]
-        assert "was given a network, yet the Docker daemon has no bridge network" in message
-        assert "--bridge=none" in message
+    error = _records(out)["verifier-needs-network"]["error"]
+    assert error is not None and error["type"] == "VerifierError", error
+    assert "was given a network, yet the Docker daemon has no bridge network" in error["message"]
+    assert "--bridge=none" in error["message"]
     assert await harbor_containers(docker_engine) == []
 
 
