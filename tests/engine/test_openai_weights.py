@@ -79,9 +79,9 @@ async def metric(server: Server, client: httpx.AsyncClient, name: str, labels: s
 async def test_abort_mode_over_http_resends_the_aborted_and_loses_nothing(
     server: Server, original: Any
 ) -> None:
-    """The overlap is forced, not hoped for: once the server reports all ``n`` requests
-    running, the test freezes its scheduler (``/pause?mode=keep``), so the requests that
-    had not finished by then (counted on ``/metrics``) are still in the engine when the
+    """The overlap is forced, not hoped for: once the server reports generated tokens, the
+    test freezes its scheduler (``/pause?mode=keep``), so the requests that had not
+    finished by then (counted on ``/metrics``) are still in the engine when the
     ``mode="abort"`` update's own ``/pause`` lands, and must come back resent."""
     n, length = 8, 900  # long generations (prompt + 900 < MAX_MODEL_LEN)
     params = SamplingParams(max_tokens=length, temperature=1.0, logprobs=0)
@@ -105,12 +105,14 @@ async def test_abort_mode_over_http_resends_the_aborted_and_loses_nothing(
         batch = [chat(f"abort {i}", seed=60 + i, index=i) for i in range(n)]
         finished = "vllm:request_success_total"
         before = await metric(server, client, finished, 'finished_reason="length"')
+        tokens = "vllm:generation_tokens_total"
+        baseline = await metric(server, client, tokens)
         call = asyncio.create_task(llm.generate(batch, params))
         version = next(VERSIONS)
         try:
-            # the engine's own scheduler stats: every request of the batch is generating
-            while await metric(server, client, "vllm:num_requests_running") < n:
-                assert not call.done(), "the batch finished before all of it was running"
+            # the server's own count: the batch has started generating (900 tokens to go)
+            while await metric(server, client, tokens) <= baseline:
+                assert not call.done(), "the batch finished before the server reported a token"
                 await asyncio.sleep(0.05)
             frozen = await client.post(f"{root}/pause", params={"mode": "keep"})
             assert frozen.status_code == 200, frozen.text
