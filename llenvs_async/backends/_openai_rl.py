@@ -10,29 +10,44 @@ import httpx
 
 from ..errors import BackendError
 
-__all__ = ["reload_server_weights"]
+__all__ = ["ServerSwap"]
 
 _SNIPPET = 500
 
 
-async def reload_server_weights(
-    client: httpx.AsyncClient,
-    base_url: str,
-    headers: Mapping[str, str],
-    directory: str,
-    version: int,
-    mode: str,
-) -> None:
-    """Pause (``mode``), ``reload_weights(weights_path=directory)`` through
-    ``/collective_rpc`` (its kwargs must be strings: a path is), reset the prefix cache
-    (preempting running requests), label the weights ``str(version)``, and resume (always)."""
-    parts = urlsplit(base_url)
-    root = f"{parts.scheme}://{parts.netloc}"
+class ServerSwap:
+    """``SwapTarget`` over a vLLM server's endpoints: ``/pause?mode=...``, ``/collective_rpc``
+    ``reload_weights(weights_path=DIR)`` (its kwargs must be strings: a path is),
+    ``/reset_prefix_cache?reset_running_requests=true``, ``/update_weight_version``, ``/resume``."""
 
-    async def post(path: str, *, params: Mapping[str, str] | None = None, body: Any = None) -> None:
-        url = f"{root}{path}"
+    def __init__(self, client: httpx.AsyncClient, base_url: str, headers: Mapping[str, str]):
+        parts = urlsplit(base_url)
+        self._root = f"{parts.scheme}://{parts.netloc}"
+        self._client = client
+        self._headers = dict(headers)
+
+    async def pause(self, mode: str) -> None:
+        await self._post("/pause", params={"mode": mode, "clear_cache": "false"})
+
+    async def reload(self, directory: str) -> None:
+        rpc = {"method": "reload_weights", "kwargs": {"weights_path": directory}}
+        await self._post("/collective_rpc", body=rpc)
+
+    async def reset_cache(self) -> None:
+        await self._post("/reset_prefix_cache", params={"reset_running_requests": "true"})
+
+    async def label(self, version: str) -> None:
+        await self._post("/update_weight_version", body={"new_version": version})
+
+    async def resume(self) -> None:
+        await self._post("/resume")
+
+    async def _post(
+        self, path: str, *, params: Mapping[str, str] | None = None, body: Any = None
+    ) -> None:
+        url = f"{self._root}{path}"
         try:
-            response = await client.post(url, params=params, json=body, headers=dict(headers))
+            response = await self._client.post(url, params=params, json=body, headers=self._headers)
         except httpx.HTTPError as exc:
             raise BackendError(f"POST {url} failed: {type(exc).__name__}: {exc}", url=url) from exc
         if response.status_code == 404:
@@ -50,12 +65,3 @@ async def reload_server_weights(
                 url=url,
                 body=response.text,
             )
-
-    await post("/pause", params={"mode": mode, "clear_cache": "false"})
-    try:
-        rpc = {"method": "reload_weights", "kwargs": {"weights_path": directory}}
-        await post("/collective_rpc", body=rpc)
-        await post("/reset_prefix_cache", params={"reset_running_requests": "true"})
-        await post("/update_weight_version", body={"new_version": str(version)})
-    finally:
-        await post("/resume")

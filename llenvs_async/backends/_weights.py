@@ -21,24 +21,28 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args
+from typing import Any, Literal, Protocol, TypeVar, get_args
 
 from .._shield import shielded
 from ..errors import BackendError
 from ..types import Completion, GenerationError
 
 __all__ = [
+    "DEFAULT_UPDATE_TIMEOUT",
+    "SwapTarget",
     "UpdateMode",
     "WeightSwitch",
     "check_update",
     "check_version",
     "engine_spans",
+    "swap_weights",
     "tag",
     "weights_file",
 ]
 
 UpdateMode = Literal["keep", "wait", "abort"]
 WEIGHTS_FILE = "model.safetensors"
+DEFAULT_UPDATE_TIMEOUT = 600.0  # seconds; mode="wait" waits for requests in flight to finish
 
 
 def check_update(mode: object, version: object, *, owner: str) -> None:
@@ -87,15 +91,88 @@ def engine_spans(
     return tuple(out)
 
 
+class SwapTarget(Protocol):
+    """The five steps of a weight swap on one engine (in-process ``AsyncLLM`` or HTTP server)."""
+
+    async def pause(self, mode: UpdateMode) -> None: ...
+    async def reload(self, directory: str) -> None: ...
+    async def reset_cache(self) -> None: ...
+    async def label(self, version: str) -> None: ...
+    async def resume(self) -> None: ...
+
+
+async def swap_weights(
+    target: SwapTarget, directory: str, version: int, mode: UpdateMode, *, within: float
+) -> None:
+    """Pause (``mode``), reload from ``directory``, reset the prefix cache (preempting running
+    requests), label the weights ``str(version)``, and resume (always).
+
+    The first four steps together, then the resume, are each bounded by ``within``; expiry
+    raises ``BackendError`` that says what state the engine is left in. A failed resume is
+    attached as a note to the error of the load (which stays the one raised)."""
+    steps: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+        ("pause", lambda: target.pause(mode)),
+        ("reload_weights", lambda: target.reload(directory)),
+        ("reset_prefix_cache", target.reset_cache),
+        ("update_weight_version", lambda: target.label(str(version))),
+    ]
+    what = f"update_weights version {version} (mode={mode!r})"
+    stage = steps[0][0]
+    try:
+        async with asyncio.timeout(within):
+            for name, step in steps:
+                stage = name
+                await step()
+    except Exception as exc:
+        resumed = await _resume_after(target, within)
+        if isinstance(exc, TimeoutError):
+            state = (
+                "was resumed, but its weights may be partly replaced: load them again"
+                if resumed is None
+                else f"could not be resumed ({resumed}): it may still be paused"
+            )
+            raise BackendError(
+                f"{what} timed out after {within:g} s in {stage}; the engine {state}"
+            ) from exc
+        if resumed is not None:
+            exc.add_note(f"resuming the engine afterwards failed too: {resumed}")
+        raise
+    failed = await _resume_after(target, within)
+    if failed is not None:
+        raise BackendError(f"{what} loaded, but the engine could not be resumed: {failed}")
+
+
+async def _resume_after(target: SwapTarget, within: float) -> str | None:
+    """Resume within ``within`` seconds: ``None`` when it worked, else what went wrong."""
+    try:
+        async with asyncio.timeout(within):
+            await target.resume()
+    except TimeoutError:
+        return f"resume timed out after {within:g} s"
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 class WeightSwitch:
     """A backend's version and the bookkeeping of its updates: one at a time, and the
-    requests a ``mode="abort"`` update stopped are regenerated once it is done."""
+    requests a ``mode="abort"`` update stopped are sent again once it is done."""
 
-    def __init__(self, version: int | None, handoff_dir: str | os.PathLike[str] | None) -> None:
+    def __init__(
+        self,
+        version: int | None,
+        handoff_dir: str | os.PathLike[str] | None,
+        update_timeout: float = DEFAULT_UPDATE_TIMEOUT,
+        *,
+        owner: str,
+    ) -> None:
+        if not update_timeout > 0:
+            raise ValueError(f"{owner} update_timeout must be > 0, got {update_timeout!r}")
         self.initial = version
         self.version = version
         self.aborts = 0  # how many mode="abort" updates have finished
         self._handoff_dir = handoff_dir
+        self._timeout = update_timeout
         self._lock = asyncio.Lock()
         self._resumed = asyncio.Event()  # cleared while a mode="abort" update runs
         self._resumed.set()
@@ -105,25 +182,21 @@ class WeightSwitch:
         named_tensors: Iterable[tuple[str, Any]],
         version: int,
         mode: UpdateMode,
-        swap: Callable[[str, int, UpdateMode], Awaitable[None]],
+        target: SwapTarget,
     ) -> None:
-        """Write the tensors to a handoff directory, then ``swap(directory, version, mode)``
-        (pause, load, resume); once started the swap runs to its end even if the caller
-        is cancelled. On success ``version`` is current; a failure raises ``BackendError``."""
+        """Write the tensors to a handoff directory, then ``swap_weights`` on ``target``;
+        once started the (bounded) swap runs to its end even if the caller is cancelled.
+        On success ``version`` is current; a failure raises ``BackendError``."""
         async with self._lock, weights_file(named_tensors, self._handoff_dir) as directory:
-            await shielded(self._run(swap, directory, version, mode), within=None)
+            await shielded(self._run(target, directory, version, mode), within=None)
 
     async def _run(
-        self,
-        swap: Callable[[str, int, UpdateMode], Awaitable[None]],
-        directory: str,
-        version: int,
-        mode: UpdateMode,
+        self, target: SwapTarget, directory: str, version: int, mode: UpdateMode
     ) -> None:
         if mode == "abort":
             self._resumed.clear()
         try:
-            await swap(directory, version, mode)
+            await swap_weights(target, directory, version, mode, within=self._timeout)
             self.version = version
         except BackendError:
             raise
@@ -137,10 +210,38 @@ class WeightSwitch:
                 self.aborts += 1
                 self._resumed.set()
 
-    async def regenerate(self, outcome: Completion | GenerationError, aborts: int) -> bool:
+    async def complete(
+        self, send: Callable[[Sequence[int]], Awaitable[Sequence[Outcome]]], count: int
+    ) -> list[Outcome]:
+        """``send(positions)`` for positions ``0..count-1``; those an abort-mode update stopped
+        (one running now, or finished since they were sent) are sent again, once it is done,
+        until none is (the caller never sees an aborted attempt)."""
+        outcomes: dict[int, Outcome] = {}
+        pending: Sequence[int] = range(count)
+        while pending:
+            aborts = self.aborts
+            sent = await send(pending)
+            again: list[int] = []
+            for k, outcome in zip(pending, sent, strict=True):
+                if await self._stopped(outcome, aborts):
+                    again.append(k)
+                else:
+                    outcomes[k] = outcome
+            pending = again
+        return [outcomes[k] for k in range(count)]
+
+    async def complete_one(self, send: Callable[[], Awaitable[Outcome]]) -> Outcome:
+        """``complete`` for a single request."""
+
+        async def as_list(_: Sequence[int]) -> list[Outcome]:
+            return [await send()]
+
+        [outcome] = await self.complete(as_list, 1)
+        return outcome
+
+    async def _stopped(self, outcome: Completion | GenerationError, aborts: int) -> bool:
         """Whether ``outcome`` (of a request sent when ``self.aborts`` was ``aborts``) was
-        stopped by an abort-mode update (one running now, or finished since it was sent)
-        and must be sent again; waits for that update to finish."""
+        stopped by an abort-mode update; waits for that update to finish."""
         if not (
             isinstance(outcome, Completion)
             and outcome.finish_reason == "abort"

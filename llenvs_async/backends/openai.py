@@ -29,7 +29,7 @@ from .._resource import AsyncResource
 from ..errors import BackendError, BackendTimeoutError, ClosedError
 from ..types import ChatMessage, Completion, GenerationError, GenerationRequest, SamplingParams
 from ._concurrency import gather_in_order
-from ._openai_rl import reload_server_weights
+from ._openai_rl import ServerSwap
 from ._openai_wire import (
     MalformedResponse,
     Prompt,
@@ -40,7 +40,14 @@ from ._openai_wire import (
     render_plain_prompt,
 )
 from ._outcomes import request_error
-from ._weights import UpdateMode, WeightSwitch, check_update, check_version, tag
+from ._weights import (
+    DEFAULT_UPDATE_TIMEOUT,
+    UpdateMode,
+    WeightSwitch,
+    check_update,
+    check_version,
+    tag,
+)
 
 __all__ = ["OpenAIBackend", "render_plain_prompt"]
 
@@ -84,6 +91,7 @@ class OpenAIBackend(AsyncResource):
         tokenizer: Any = None,
         policy_version: int | None = 0,
         handoff_dir: str | os.PathLike[str] | None = None,
+        update_timeout: float = DEFAULT_UPDATE_TIMEOUT,
     ) -> None:
         check_version(policy_version, owner="OpenAIBackend")
         if mode not in ("chat", "completions"):
@@ -120,7 +128,9 @@ class OpenAIBackend(AsyncResource):
         self._random = random.Random()
         self._tokenizer = tokenizer
         self._tokenizer_lock = asyncio.Lock()
-        self._weights = WeightSwitch(policy_version, handoff_dir)
+        self._weights = WeightSwitch(
+            policy_version, handoff_dir, update_timeout, owner="OpenAIBackend"
+        )
         self._closed = False
 
     def __repr__(self) -> str:
@@ -145,16 +155,13 @@ class OpenAIBackend(AsyncResource):
         on a shared filesystem), ``/reset_prefix_cache?reset_running_requests=true``,
         ``/update_weight_version``, then ``/resume`` (always). Modes as in
         ``VLLMBackend.update_weights``; requests the server aborted are sent again.
+        ``update_timeout`` bounds the swap (and then the resume) as there.
         """
         check_update(mode, version, owner="OpenAIBackend")
         if self._closed:
             raise ClosedError("OpenAIBackend")
-        await self._weights.switch(named_tensors, version, mode, self._server_swap)
-
-    async def _server_swap(self, directory: str, version: int, mode: UpdateMode) -> None:
-        await reload_server_weights(
-            self._client, self.base_url, self._headers, directory, version, mode
-        )
+        target = ServerSwap(self._client, self.base_url, self._headers)
+        await self._weights.switch(named_tensors, version, mode, target)
 
     async def generate(
         self, requests: Sequence[GenerationRequest], params: SamplingParams
@@ -176,15 +183,15 @@ class OpenAIBackend(AsyncResource):
         payload = chat_payload(
             self.model, request, params, vllm_extras=self.vllm_extras, extra_body=self.extra_body
         )
-        while True:
-            aborts = self._weights.aborts
+
+        async def send() -> Completion | GenerationError:
             try:
                 response = await self._post(url, payload)
             except BackendError as exc:
                 return _rejected(exc, index, request)
-            outcome = tag(_parse(response, parse_chat_response), self._weights.version)
-            if not await self._weights.regenerate(outcome, aborts):
-                return outcome
+            return tag(_parse(response, parse_chat_response), self._weights.version)
+
+        return await self._weights.complete_one(send)
 
     async def _completions(
         self, requests: Sequence[GenerationRequest], params: SamplingParams
@@ -218,41 +225,35 @@ class OpenAIBackend(AsyncResource):
         params: SamplingParams,
     ) -> list[Completion | GenerationError]:
         """POST one list of prompts; if the server rejects the list (4xx), send each prompt
-        alone so only the prompts at fault fail."""
+        alone so only the prompts at fault fail. Prompts stopped by an abort-mode update are
+        sent again (only those)."""
         url = f"{self.base_url}/completions"
-        payload = completions_payload(
-            self.model,
-            prompts,
-            params,
-            seed=seed,
-            vllm_extras=self.vllm_extras,
-            extra_body=self.extra_body,
-        )
-        aborts = self._weights.aborts
-        try:
-            response = await self._post(url, payload)
-        except BackendError as exc:
-            if len(prompts) == 1:
-                return [_rejected(exc, indices[0], requests[indices[0]])]
-            if not _is_rejection(exc):
-                raise
-            alone = await gather_in_order(
-                self._completions_group([i], [prompt], requests, seed, params)
-                for i, prompt in zip(indices, prompts, strict=True)
+
+        async def send(ks: Sequence[int]) -> list[Completion | GenerationError]:
+            payload = completions_payload(
+                self.model,
+                [prompts[k] for k in ks],
+                params,
+                seed=seed,
+                vllm_extras=self.vllm_extras,
+                extra_body=self.extra_body,
             )
-            return [outcome for [outcome] in alone]
-        parsed = _parse(response, lambda data: parse_completions_response(data, len(prompts)))
-        outcomes: list[Completion | GenerationError] = [
-            tag(c, self._weights.version) for c in parsed
-        ]
-        again = [k for k, c in enumerate(outcomes) if await self._weights.regenerate(c, aborts)]
-        if again:  # stopped by update_weights(mode="abort"): only those prompts are sent again
-            redone = await self._completions_group(
-                [indices[k] for k in again], [prompts[k] for k in again], requests, seed, params
-            )
-            for k, outcome in zip(again, redone, strict=True):
-                outcomes[k] = outcome
-        return outcomes
+            try:
+                response = await self._post(url, payload)
+            except BackendError as exc:
+                if len(ks) == 1:
+                    return [_rejected(exc, indices[ks[0]], requests[indices[ks[0]]])]
+                if not _is_rejection(exc):
+                    raise
+                alone = await gather_in_order(
+                    self._completions_group([indices[k]], [prompts[k]], requests, seed, params)
+                    for k in ks
+                )
+                return [outcome for [outcome] in alone]
+            parsed = _parse(response, lambda data: parse_completions_response(data, len(ks)))
+            return [tag(c, self._weights.version) for c in parsed]
+
+        return await self._weights.complete(send, len(prompts))
 
     async def _post(self, url: str, payload: Mapping[str, Any]) -> httpx.Response:
         """POST with retries; returns a 2xx response or raises ``BackendError``."""

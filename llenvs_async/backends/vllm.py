@@ -32,7 +32,7 @@ from ._vllm_compat import (
     to_completion,
     tokens_prompt_factory,
 )
-from ._weights import UpdateMode, WeightSwitch, check_update, check_version
+from ._weights import DEFAULT_UPDATE_TIMEOUT, UpdateMode, WeightSwitch, check_update, check_version
 
 __all__ = ["EngineLike", "VLLMBackend"]
 
@@ -61,7 +61,8 @@ class VLLMBackend(AsyncResource):
     engine and shut it down in ``aclose``. Requests with ``prompt_token_ids`` are
     sent as token prompts; others are chat-templated with the engine's tokenizer
     (or ``tokenizer``) on the event loop and sent as token ids, so the prompt ids
-    come back exactly. ``abort_timeout`` bounds each abort on cancellation.
+    come back exactly. ``abort_timeout`` bounds each abort on cancellation, ``update_timeout``
+    each weight swap (``update_weights``).
     """
 
     def __init__(
@@ -73,6 +74,7 @@ class VLLMBackend(AsyncResource):
         abort_timeout: float = 10.0,
         policy_version: int | None = 0,
         handoff_dir: str | os.PathLike[str] | None = None,
+        update_timeout: float = DEFAULT_UPDATE_TIMEOUT,
         **engine_kwargs: Any,
     ) -> None:
         check_version(policy_version, owner="VLLMBackend")
@@ -90,7 +92,9 @@ class VLLMBackend(AsyncResource):
         )
         self._tokenizer = tokenizer
         self._abort_timeout = abort_timeout
-        self._weights = WeightSwitch(policy_version, handoff_dir)
+        self._weights = WeightSwitch(
+            policy_version, handoff_dir, update_timeout, owner="VLLMBackend"
+        )
         self._closed = False
 
     @classmethod
@@ -102,6 +106,7 @@ class VLLMBackend(AsyncResource):
         abort_timeout: float = 10.0,
         policy_version: int | None = 0,
         handoff_dir: str | os.PathLike[str] | None = None,
+        update_timeout: float = DEFAULT_UPDATE_TIMEOUT,
         **engine_kwargs: Any,
     ) -> VLLMBackend:
         """Build and own an ``AsyncLLM`` from ``AsyncEngineArgs(model=model, **engine_kwargs)``."""
@@ -111,6 +116,7 @@ class VLLMBackend(AsyncResource):
             abort_timeout=abort_timeout,
             policy_version=policy_version,
             handoff_dir=handoff_dir,
+            update_timeout=update_timeout,
             **engine_kwargs,
         )
 
@@ -188,14 +194,12 @@ class VLLMBackend(AsyncResource):
         except BackendError as exc:
             return GenerationError(error=exc, request_index=index)
         sampling_params = make_sampling_params(params, request.seed)
-        while True:
-            aborts = self._weights.aborts
-            request_id = f"llenvs-{uuid.uuid4().hex}"
-            outcome = await self._submit(index, request, prompt, sampling_params, request_id)
-            # Stopped by update_weights(mode="abort"): sent again under the new weights (the
-            # caller never sees the aborted attempt).
-            if not await self._weights.regenerate(outcome, aborts):
-                return outcome
+        # Stopped by update_weights(mode="abort"): sent again under the new weights.
+        return await self._weights.complete_one(
+            lambda: self._submit(
+                index, request, prompt, sampling_params, f"llenvs-{uuid.uuid4().hex}"
+            )
+        )
 
     async def _submit(
         self,
@@ -253,23 +257,15 @@ class VLLMBackend(AsyncResource):
         ``collective_rpc`` cannot carry tensors to the worker process itself (vLLM's msgpack
         only rebuilds tensors in typed fields), and the shipped IPC/NCCL transfer engines
         need CUDA. Once the engine is paused the swap runs to its end even if the caller
-        is cancelled; a failed load resumes the engine on the old version and raises.
+        is cancelled, bounded by ``update_timeout`` (then the resume by as much again: a
+        ``BackendError`` says whether the engine could be resumed); a failed load resumes
+        the engine on the old version and raises.
         """
         check_update(mode, version, owner="VLLMBackend")
         if self._closed:
             raise ClosedError("VLLMBackend")
         _updatable(self._engine)
-        await self._weights.switch(named_tensors, version, mode, self._engine_swap)
-
-    async def _engine_swap(self, directory: str, version: int, mode: UpdateMode) -> None:
-        engine: Any = self._engine
-        await engine.pause_generation(mode=mode, clear_cache=False)
-        try:
-            await engine.collective_rpc("reload_weights", kwargs={"weights_path": directory})
-            await engine.reset_prefix_cache(reset_running_requests=True)
-            await engine.update_weight_version(str(version))
-        finally:
-            await engine.resume_generation()
+        await self._weights.switch(named_tensors, version, mode, _EngineSwap(self._engine))
 
     async def _abort(self, request_id: str) -> None:
         """Abort in the engine, shielded from cancellation and bounded by ``abort_timeout``."""
@@ -289,6 +285,28 @@ class VLLMBackend(AsyncResource):
         self._closed = True
         if self._owns_engine:
             self._engine.shutdown()
+
+
+class _EngineSwap:
+    """``SwapTarget`` over an in-process ``AsyncLLM``'s pause / reload API."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+
+    async def pause(self, mode: UpdateMode) -> None:
+        await self._engine.pause_generation(mode=mode, clear_cache=False)
+
+    async def reload(self, directory: str) -> None:
+        await self._engine.collective_rpc("reload_weights", kwargs={"weights_path": directory})
+
+    async def reset_cache(self) -> None:
+        await self._engine.reset_prefix_cache(reset_running_requests=True)
+
+    async def label(self, version: str) -> None:
+        await self._engine.update_weight_version(version)
+
+    async def resume(self) -> None:
+        await self._engine.resume_generation()
 
 
 def _updatable(engine: Any) -> None:

@@ -13,18 +13,20 @@ import pytest
 from llenvs_async import GenerationRequest, SamplingParams
 from llenvs_async.backends.openai import OpenAIBackend
 from llenvs_async.errors import BackendError
+from tests._imports import import_or_fail
 
-torch = pytest.importorskip("torch")
+torch = import_or_fail("torch")
 
 WEIGHTS = [("w", torch.ones(2))]
 
 
 class Server:
-    """Records the RL calls; ``fail`` makes that path answer 500."""
+    """Records the RL calls; the paths in ``fail`` answer 500, those in ``hang`` never answer."""
 
-    def __init__(self, fail: str | None = None) -> None:
+    def __init__(self, *fail: str, hang: tuple[str, ...] = ()) -> None:
         self.calls: list[tuple[str, str]] = []
         self.fail = fail
+        self.hang = hang
         self.saw_file = False
         self.paused = asyncio.Event()
         self.completions: list[list[str]] = []
@@ -50,14 +52,16 @@ class Server:
             self.saw_file = os.path.isfile(os.path.join(directory, "model.safetensors"))
         if path == "/pause":
             self.paused.set()
-        if path == self.fail:
-            return httpx.Response(500, text="boom")
+        if path in self.hang:
+            await asyncio.Event().wait()
+        if path in self.fail:
+            return httpx.Response(500, text=f"boom at {path}")
         return httpx.Response(200, json={})
 
 
-def backend(server: Server) -> OpenAIBackend:
+def backend(server: Server, **kwargs: float) -> OpenAIBackend:
     client = httpx.AsyncClient(transport=httpx.MockTransport(server))
-    return OpenAIBackend("http://127.0.0.1:9/v1", "m", client=client, mode="completions")
+    return OpenAIBackend("http://127.0.0.1:9/v1", "m", client=client, mode="completions", **kwargs)
 
 
 async def test_the_update_pauses_reloads_resets_labels_and_resumes() -> None:
@@ -78,12 +82,65 @@ async def test_the_update_pauses_reloads_resets_labels_and_resumes() -> None:
 
 
 async def test_a_failed_reload_still_resumes_and_keeps_the_old_version() -> None:
-    server = Server(fail="/collective_rpc")
+    server = Server("/collective_rpc")
     llm = backend(server)
     with pytest.raises(BackendError, match="HTTP 500"):
         await llm.update_weights(WEIGHTS, version=1)
     assert [path for path, _ in server.calls][-1] == "/resume"
     assert llm.policy_version == 0
+
+
+async def test_a_failed_resume_is_a_note_on_the_load_error_which_stays_the_one_raised() -> None:
+    server = Server("/collective_rpc", "/resume")
+    llm = backend(server)
+    with pytest.raises(BackendError, match="boom at /collective_rpc") as caught:
+        await llm.update_weights(WEIGHTS, version=1)
+    notes = getattr(caught.value.__cause__ or caught.value, "__notes__", [])
+    assert any("resuming the engine afterwards failed" in n and "/resume" in n for n in notes)
+    assert llm.policy_version == 0
+
+
+async def test_a_failed_resume_after_a_good_load_raises_and_keeps_the_old_version() -> None:
+    llm = backend(Server("/resume"))
+    with pytest.raises(BackendError, match="loaded, but the engine could not be resumed"):
+        await llm.update_weights(WEIGHTS, version=1)
+    assert llm.policy_version == 0
+
+
+async def test_a_hung_server_times_out_resumes_and_says_so() -> None:
+    server = Server(hang=("/collective_rpc",))
+    llm = backend(server, update_timeout=0.2)
+    with pytest.raises(
+        BackendError, match=r"timed out after 0.2 s in reload_weights; the engine was resumed"
+    ):
+        await llm.update_weights(WEIGHTS, version=1)
+    assert [path for path, _ in server.calls][-1] == "/resume"
+    assert llm.policy_version == 0
+
+
+async def test_a_hung_resume_too_says_the_engine_may_still_be_paused() -> None:
+    server = Server(hang=("/pause", "/resume"))
+    llm = backend(server, update_timeout=0.2)
+    with pytest.raises(
+        BackendError, match=r"in pause; the engine could not be resumed .*still be paused"
+    ):
+        await llm.update_weights(WEIGHTS, version=1, mode="wait")
+    assert [path for path, _ in server.calls] == ["/pause", "/resume"]
+
+
+async def test_a_cancelled_caller_of_a_hung_update_gets_its_cancellation() -> None:
+    llm = backend(Server(hang=("/collective_rpc",)), update_timeout=0.2)
+    call = asyncio.create_task(llm.update_weights(WEIGHTS, version=1))
+    await asyncio.sleep(0)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call  # before update_timeout, this waited forever
+    assert llm.policy_version == 0
+
+
+def test_update_timeout_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="OpenAIBackend update_timeout must be > 0, got 0"):
+        OpenAIBackend("http://127.0.0.1:9/v1", "m", update_timeout=0)
 
 
 async def test_abort_resends_only_the_aborted_prompts_of_a_batch() -> None:

@@ -12,6 +12,7 @@ from llenvs_async import Completion, GenerationRequest, SamplingParams, Scripted
 from llenvs_async.backends import TrainableBackend
 from llenvs_async.backends._vllm_compat import to_completion
 from llenvs_async.backends._weights import engine_spans, weights_file
+from tests._imports import import_or_fail
 
 PARAMS = SamplingParams(max_tokens=4)
 
@@ -108,7 +109,7 @@ def test_vllm_weight_version_spans_become_int_spans() -> None:
 
 
 async def test_weights_file_copies_tensors_and_cleans_up() -> None:
-    torch = pytest.importorskip("torch")
+    torch = import_or_fail("torch")
     from safetensors.torch import load_file
 
     weight = torch.nn.Parameter(torch.ones(2, 3))
@@ -124,8 +125,7 @@ async def test_weights_file_copies_tensors_and_cleans_up() -> None:
 
 
 async def test_vllm_update_needs_an_engine_with_the_pause_api() -> None:
-    pytest.importorskip("torch")
-    import torch
+    torch = import_or_fail("torch")
 
     from llenvs_async.backends.vllm import VLLMBackend
     from llenvs_async.errors import BackendError
@@ -135,3 +135,47 @@ async def test_vllm_update_needs_an_engine_with_the_pause_api() -> None:
     with pytest.raises(BackendError, match="lacks pause_generation"):
         await backend.update_weights([("w", torch.ones(1))], version=1)
     assert backend.policy_version == 0
+
+
+async def test_vllm_swap_keeps_the_load_error_and_notes_the_failed_resume() -> None:
+    torch = import_or_fail("torch")
+
+    from llenvs_async.backends.vllm import VLLMBackend
+    from llenvs_async.errors import BackendError
+    from llenvs_async.testing.fake_vllm import FakeAsyncLLM
+
+    class Updatable(FakeAsyncLLM):
+        """The pause API of ``AsyncLLM``: the load and the resume both fail."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[str] = []
+
+        async def pause_generation(self, *, mode: str, clear_cache: bool) -> None:
+            self.calls.append(f"pause {mode}")
+
+        async def collective_rpc(self, method: str, kwargs: dict[str, str]) -> None:
+            self.calls.append(method)
+            raise RuntimeError("load exploded")
+
+        async def reset_prefix_cache(self, *, reset_running_requests: bool) -> None:
+            self.calls.append("reset")
+
+        async def update_weight_version(self, version: str) -> None:
+            self.calls.append(f"label {version}")
+
+        async def resume_generation(self) -> None:
+            self.calls.append("resume")
+            raise RuntimeError("resume exploded")
+
+    engine = Updatable()
+    backend = VLLMBackend(engine)
+    with pytest.raises(BackendError, match="load exploded") as caught:
+        await backend.update_weights([("w", torch.ones(1))], version=1, mode="wait")
+    assert engine.calls == ["pause wait", "reload_weights", "resume"]
+    assert isinstance(caught.value.__cause__, RuntimeError)
+    notes = caught.value.__cause__.__notes__
+    assert notes == ["resuming the engine afterwards failed too: RuntimeError: resume exploded"]
+    assert backend.policy_version == 0
+    with pytest.raises(ValueError, match="VLLMBackend update_timeout must be > 0"):
+        VLLMBackend(engine, update_timeout=-1)

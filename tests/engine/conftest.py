@@ -38,6 +38,10 @@ for _name, _value in ENGINE_ENV.items():
     os.environ.setdefault(_name, _value)
 
 MAX_MODEL_LEN = 1024
+# fp32, not the checkpoint's auto (bf16 on CPU): its logprobs match a torch fp32 recomputation
+# (the weight-update tests share the session engine), and bf16 workers died under load here
+# (SIGILL) where fp32 ones never did.
+ENGINE_DTYPE = "float32"
 SERVED_MODEL = "tiny"
 SERVER_START_TIMEOUT = 240.0
 _TIER_DIR = Path(__file__).resolve().parent
@@ -164,6 +168,7 @@ async def engine(tiny_model: Path) -> AsyncIterator[Engine]:
         max_model_len=MAX_MODEL_LEN,
         max_logprobs=20,
         seed=0,
+        dtype=ENGINE_DTYPE,
     )
     llm = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_class()])
     try:
@@ -195,7 +200,7 @@ def server_command(model: Path, port: int) -> list[str]:
         "--model", str(model), "--served-model-name", SERVED_MODEL,
         "--host", "127.0.0.1", "--port", str(port),
         "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN), "--max-logprobs", "20",
-        "--seed", "0", "--generation-config", "vllm",
+        "--seed", "0", "--generation-config", "vllm", "--dtype", ENGINE_DTYPE,
     ]  # fmt: skip
 
 

@@ -73,9 +73,9 @@ async def test_completions_mode_token_prompts_and_per_request_seeds(
         assert completion.prompt_token_ids == ids
     assert len({c.token_ids for c in first}) > 1  # one prompt, eight seeds: not all identical
     assert [c.token_ids for c in again] == [c.token_ids for c in first]
-    # Logprobs agree up to bf16 noise: the second round reads the prompt's KV from the prefix
+    # Logprobs agree up to kernel noise: the second round reads the prompt's KV from the prefix
     # cache and CPU kernels sum in a batch-shape-dependent order (seen: up to 1.1e-3 apart
-    # on a loaded machine; the server runs the fp32 checkpoint in bf16).
+    # on a loaded machine when the server ran bf16; it runs fp32 now).
     for a, b in zip(again, first, strict=True):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-2)
 

@@ -1,10 +1,10 @@
 """In-flight weight updates on the real vLLM CPU engine (fp32, tiny model), checked against torch.
 
-ONE module-scoped fp32 engine (the session engine runs bf16, whose logprobs cannot match an
-fp32 torch recomputation). Its weights always mirror ``hf``: a test perturbs ``hf`` in place
-and pushes ``hf.named_parameters()``. ``Probe`` wraps the engine to see a request's tokens
-as they are produced (cumulative outputs), so an update lands mid-generation by
-construction, not by sleeping.
+The session's fp32 engine (shared with the tier: after this module its original weights and
+vLLM's initial ``"default"`` label are put back). Its weights here always mirror ``hf``: a test
+perturbs ``hf`` in place and pushes ``hf.named_parameters()``. ``Probe`` wraps the engine to
+see a request's tokens as they are produced (cumulative outputs), so an update lands
+mid-generation by construction, not by sleeping.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from llenvs_async.testing.torch_logprobs import completion_logprobs, max_logprob
 from llenvs_async.types import Completion, GenerationRequest, SamplingParams
 
 from ._requests import chat, completions
-from .conftest import MAX_MODEL_LEN
+from .conftest import Engine
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -65,23 +65,17 @@ class Probe:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def fp32(tiny_model: Path) -> AsyncIterator[Any]:
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.v1.engine.async_llm import AsyncLLM
+async def fp32(engine: Engine) -> AsyncIterator[Any]:
+    """The session engine; the original weights are loaded back after the module."""
+    import torch
+    from transformers import LlamaForCausalLM
 
-    args = AsyncEngineArgs(
-        model=str(tiny_model),
-        enforce_eager=True,
-        max_model_len=MAX_MODEL_LEN,
-        max_logprobs=20,
-        seed=0,
-        dtype="float32",
-    )
-    llm = AsyncLLM.from_engine_args(args)
     try:
-        yield llm
+        yield engine.llm
     finally:
-        llm.shutdown()
+        original = LlamaForCausalLM.from_pretrained(engine.model, dtype=torch.float32)
+        await VLLMBackend(engine.llm).update_weights(original.named_parameters(), version=0)
+        await engine.llm.update_weight_version("default")
 
 
 @pytest.fixture(scope="module")
