@@ -83,7 +83,9 @@ async def test_abort_mode_over_http_resends_the_aborted_and_loses_nothing(
     test freezes its scheduler (``/pause?mode=keep``), so the requests that had not
     finished by then (counted on ``/metrics``) are still in the engine when the
     ``mode="abort"`` update's own ``/pause`` lands, and must come back resent."""
-    n, length = 8, 900  # long generations (prompt + 900 < MAX_MODEL_LEN)
+    # Long generations (prompt + 900 < MAX_MODEL_LEN), and enough of them that the batch
+    # outlasts the metric poll on a quiet machine too (8 finished within one poll once).
+    n, length = 32, 900
     params = SamplingParams(max_tokens=length, temperature=1.0, logprobs=0)
     root = server.base_url.removesuffix("/v1")
     posts: list[str] = []
@@ -113,7 +115,7 @@ async def test_abort_mode_over_http_resends_the_aborted_and_loses_nothing(
             # the server's own count: the batch has started generating (900 tokens to go)
             while await metric(server, client, tokens) <= baseline:
                 assert not call.done(), "the batch finished before the server reported a token"
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.01)
             frozen = await client.post(f"{root}/pause", params={"mode": "keep"})
             assert frozen.status_code == 200, frozen.text
             done = await metric(server, client, finished, 'finished_reason="length"') - before
