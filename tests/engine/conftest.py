@@ -201,6 +201,7 @@ def server_command(model: Path, port: int) -> list[str]:
         "--host", "127.0.0.1", "--port", str(port),
         "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN), "--max-logprobs", "20",
         "--seed", "0", "--generation-config", "vllm", "--dtype", ENGINE_DTYPE,
+        "--enable-log-requests",  # "Added request": tests see a request reach the engine
     ]  # fmt: skip
 
 
@@ -229,7 +230,13 @@ def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             stdout=sink,
             stderr=subprocess.STDOUT,
             # dev mode: the RL/dev endpoints OpenAIBackend.update_weights uses (127.0.0.1 only)
-            env={**os.environ, **ENGINE_ENV, "VLLM_SERVER_DEV_MODE": "1"},
+            # INFO: the log's "Added request" lines (with --enable-log-requests)
+            env={
+                **os.environ,
+                **ENGINE_ENV,
+                "VLLM_SERVER_DEV_MODE": "1",
+                "VLLM_LOGGING_LEVEL": "INFO",
+            },
             start_new_session=True,
         )
     try:
