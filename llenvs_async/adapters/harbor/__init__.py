@@ -4,6 +4,19 @@ snapshot-fork) and replay checks; separate verifiers, artifacts and multi-step t
 from __future__ import annotations
 
 from .adapter import HarborAdapter, default_cache_dir
+from .config import (
+    AgentConfig,
+    ArtifactSpec,
+    Author,
+    CollectHook,
+    EnvironmentConfig,
+    NetworkMode,
+    SolutionConfig,
+    StepConfig,
+    TaskConfig,
+    TaskInfo,
+    VerifierConfig,
+)
 from .dataset import HarborDataset, load_local_dataset
 from .environment import HarborEnvironment, HarborRuntime, format_observation, parse_command
 from .image import BuildSettings, ImageResolver, TaskImages, normalise_image_ref
@@ -27,23 +40,8 @@ from .replay import collect_probes, default_probes, validate_replay_consistency
 from .restore import harbor_restore
 from .snapshot import SnapshotRestore, SnapshotStats, snapshot_restore
 from .steps import oracle_actions, start_at_step
-from .task import (
-    AgentConfig,
-    ArtifactSpec,
-    Author,
-    CollectHook,
-    EnvironmentConfig,
-    HarborTask,
-    NetworkMode,
-    SolutionConfig,
-    StepConfig,
-    TaskConfig,
-    TaskInfo,
-    TaskStep,
-    VerifierConfig,
-    load_task,
-    parse_task_config,
-)
+from .task import HarborTask, TaskStep, load_task
+from .task_toml import parse_task_config
 from .verifier import VerifierResult, parse_reward
 
 __all__ = [

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...docker.container import Container
 from ...errors import ContainerError, VerifierError
-from .task import ArtifactSpec, CollectHook
+from .config import ArtifactSpec, CollectHook
 
 if TYPE_CHECKING:
     from ...sandbox.sandbox import Sandbox

@@ -18,7 +18,8 @@ from pathlib import Path
 from types import MappingProxyType
 
 from ...errors import TaskLoadError
-from .task import HarborTask, load_task, parse_task_config, short_name
+from .task import HarborTask, load_task, short_name
+from .task_toml import parse_task_config
 
 __all__ = ["HarborDataset", "load_local_dataset", "load_tasks"]
 

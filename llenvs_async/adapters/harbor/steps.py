@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ...docker.shell_task import SUBMITTED_TEXT
 from ...errors import EnvError, RestoreError
 from ...types import Action, State, StepResult
-from .task import HarborTask, TaskStep, VerifierConfig
+from .config import VerifierConfig
+from .task import HarborTask, TaskStep
 from .verifier import VerifierResult
 
 if TYPE_CHECKING:

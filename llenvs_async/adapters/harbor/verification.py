@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING
 from ...docker.container import Container, ContainerSpec
 from ...docker.engine import DockerEngine
 from ...errors import ContainerError, VerifierError
+from .config import EnvironmentConfig
 from .image import TASK_IMAGE_LABEL, TaskImages
-from .task import EnvironmentConfig, HarborTask, resolve_env
+from .task import HarborTask, resolve_env
 from .verifier import REWARD_JSON, REWARD_TXT, VERIFIER_LOG_DIR, VerifierResult, parse_reward
 
 if TYPE_CHECKING:

@@ -16,10 +16,11 @@ from typing import Any
 from ...docker.container import Container
 from ...docker.engine import DockerEngine
 from .artifacts import Collected, collect_artifacts, run_collect_hooks, save_artifacts, transfer_tar
+from .config import VerifierConfig
 from .instance import DATASET_LABEL, HarborRuntime, Instance, as_docker
 from .network import check_offline_verifier
 from .provision import offline_test_sh
-from .task import HarborTask, VerifierConfig
+from .task import HarborTask
 from .verification import run_separate, run_tests
 from .verifier import VerifierResult
 
