@@ -14,6 +14,7 @@ from .output import CappedOutput, CommandResult
 
 __all__ = [
     "KILL_TREE_SCRIPT",
+    "UPTIME_TICKS",
     "PidMark",
     "command_result",
     "files_tar",
@@ -29,11 +30,21 @@ _PID_MARK = b"__llenvs_pid__"
 # when the pids limit is exhausted). Args: SIGNAL ROOT KEEP_ROOT(0/1) MIN_AGE_TICKS(-: all).
 # Targets ROOT and those of its process group and descendants started at most MIN_AGE_TICKS
 # ago; KILL repeats until nothing is left (fork bombs). Prints how many signals were sent.
-KILL_TREE_SCRIPT = r"""
+# ``up`` (seconds as /proc/uptime prints them, two decimals) in clock ticks: without its
+# leading zeros, or a young sandbox's "0.08" is the invalid octal 008 (gVisor's uptime
+# starts at 0 with the sandbox).
+UPTIME_TICKS = r"""up=${up%.*}${up#*.}; while [ "${up#0}" != "$up" ]; do up=${up#0}; done
+up=${up:-0}"""
+KILL_TREE_SCRIPT = (
+    r"""
 sig=$1 root=$2 keep=$3 age=$4 self=$$ pg=$2 min=0 total=0 rounds=0
 if read -r l 2>/dev/null </proc/$root/stat; then set -- ${l##*)}; pg=$3; fi
 if [ "$age" != - ]; then
-  read -r up _ </proc/uptime; up=${up%.*}${up#*.}; min=$((up - age))
+  read -r up _ </proc/uptime
+  """
+    + UPTIME_TICKS
+    + r"""
+  min=$((up - age))
 fi
 while [ $rounds -lt 100 ]; do
   rounds=$((rounds + 1)) tree=" $root " more=1 hit=0
@@ -62,6 +73,7 @@ while [ $rounds -lt 100 ]; do
 done
 echo $total
 """
+)
 
 
 def shell_command(argv: str | Sequence[str]) -> list[str]:

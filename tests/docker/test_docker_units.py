@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from llenvs_async.docker import CommandResult, ContainerSpec, extract_command, format_observation
+from llenvs_async.docker._exec_common import KILL_TREE_SCRIPT, UPTIME_TICKS
 from llenvs_async.docker.engine import split_image_ref
 from llenvs_async.docker.output import CappedOutput
 from llenvs_async.docker.ownership import OWNER_LABEL, Owner, current_owner, process_alive
@@ -100,3 +103,15 @@ def test_split_image_ref() -> None:
     assert split_image_ref("llenvs/base:bookworm") == ("llenvs/base", "bookworm")
     assert split_image_ref("busybox") == ("busybox", "latest")
     assert split_image_ref("localhost:5000/img") == ("localhost:5000/img", "latest")
+
+
+@pytest.mark.parametrize(
+    ("uptime", "ticks"),
+    [("0.08", 8), ("0.68", 68), ("0.00", 0), ("1.27", 127), ("4061.05", 406105)],
+)
+def test_the_kill_script_reads_a_young_sandboxs_uptime_in_decimal(uptime: str, ticks: int) -> None:
+    """gVisor's uptime starts at 0: "0.08" must be 8 ticks (not the invalid octal 008)."""
+    script = f"up={uptime}; {UPTIME_TICKS}; echo $((up - 0))"
+    out = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(ticks)
+    assert UPTIME_TICKS in KILL_TREE_SCRIPT
