@@ -26,18 +26,22 @@ __all__ = ["FifoChannel", "SHELL_DIR"]
 SHELL_DIR = "/run/llenvs-shell"
 """Where each shell's FIFOs live in the sandbox (one directory per shell)."""
 # Args: DIR ARGV... Makes the FIFOs, starts ARGV on them in the background; when it exits
-# its parent records the status in DIR/rc and ends the relay (our streams end: the shell
-# is gone). Nothing of the exec's own stdio is kept.
+# its parent records the status in DIR/rc (a rename: complete once it exists) and ends the
+# relay (our streams end: the shell is gone). Nothing of the exec's own stdio is kept.
 START_SCRIPT = r"""d=$1; shift
 mkdir -p "$d" && mkfifo "$d/in" "$d/out" "$d/err" || exit 1
-{ "$@" <>"$d/in" 1<>"$d/out" 2<>"$d/err"; echo $? >"$d/rc"; kill -9 $(cat "$d/relay"); } \
-  </dev/null >/dev/null 2>&1 &
+{ "$@" <>"$d/in" 1<>"$d/out" 2<>"$d/err"; echo $? >"$d/rc.new"; mv "$d/rc.new" "$d/rc"
+  kill -9 $(cat "$d/relay" 2>/dev/null) 2>/dev/null; } </dev/null >/dev/null 2>&1 &
 """
-# Args: DIR. stdout <- DIR/out, stderr <- DIR/err, stdin -> DIR/in; pids in DIR/relay.
+# Args: DIR. stdout <- DIR/out, stderr <- DIR/err, stdin -> DIR/in; pids in DIR/relay. A
+# shell that exited before the relay recorded its pids could not end it (its FIFOs have no
+# writer left, so the cats would wait forever): the relay checks DIR/rc after recording
+# them and ends itself.
 RELAY_SCRIPT = r"""d=$1
 cat "$d/out" 2>/dev/null & echo $! >"$d/relay"
 cat "$d/err" >&2 & echo $! >>"$d/relay"
 echo $$ >>"$d/relay"
+[ -e "$d/rc" ] && kill -9 $(cat "$d/relay")
 exec cat >"$d/in" 2>/dev/null
 """
 _READ = 65536

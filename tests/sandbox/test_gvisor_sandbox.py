@@ -3,6 +3,7 @@ limits, no network; no sandbox left after SIGINT; ``cleanup`` reaps a killed own
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ import pytest
 from llenvs_async.docker import ContainerSpec, DockerEngine
 from llenvs_async.sandbox import Runsc, Sandbox, reap_orphan_sandboxes
 from llenvs_async.sandbox.bundle import HOST_TASKS_BASE, HOST_TASKS_PER_PID
+from llenvs_async.sandbox.channel import SHELL_DIR, START_SCRIPT
 from llenvs_async.sandbox.reaper import list_sandboxes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,6 +69,27 @@ async def test_shell_exec_files_limits_and_no_network(runsc: Runsc, gvisor_image
         cgroup = Path(f"/sys/fs/cgroup/pids/{sandbox.id}/pids.max")
         if cgroup.exists():  # cgroup v1 hosts (this machine kind): runsc applied the limit
             assert cgroup.read_text().strip() == str(64 * HOST_TASKS_PER_PID + HOST_TASKS_BASE)
+
+
+async def test_a_shell_that_exits_before_its_relay_attaches_ends_the_relay(
+    runsc: Runsc, gvisor_image: str
+) -> None:
+    """The shell is gone before the relay starts (waited for: its status is on file), so
+    nobody is left to end the relay but the relay itself: its streams must still end."""
+    spec = ContainerSpec(image=gvisor_image)
+    async with DockerEngine() as engine, await Sandbox.create(engine, spec) as sandbox:
+        directory = f"{SHELL_DIR}/early"
+        started = await sandbox.exec(
+            ["/bin/sh", "-c", START_SCRIPT, "sh", directory, "/bin/sh", "-c", "exit 5"]
+        )
+        assert started.ok, started.output
+        async with asyncio.timeout(30):
+            while not (await sandbox.exec(["test", "-e", f"{directory}/rc"])).ok:
+                await asyncio.sleep(0.05)
+        channel = await sandbox.attach_channel(directory)
+        async with asyncio.timeout(30):  # without the relay's own check: forever
+            assert await channel.read_out() is None
+            assert await channel.exit_code() == 5
 
 
 def test_sigint_leaves_no_sandbox(runsc: Runsc, task_dir: Path) -> None:
