@@ -58,6 +58,9 @@ _HIGH_FD = 57
 _PROBE_LIMIT = 4096
 _NOISE_LIMIT = 16 * 1024  # what the shell printed for itself, kept to report syntax errors
 _PS2_QUIET_S = 0.3  # how long the sentinel may still follow a continuation prompt
+# Backstop for an end mark that never comes (a command closed the shell's own stderr);
+# a command's timeout, when it has one, bounds that wait first.
+_MARK_LIMIT_S = 30.0
 # bash -i without a terminal complains when a foreground child dies of a signal.
 _TTY_NOISE = re.compile(r"^bash: \[\d+: \d+ \(\d+\)\] tcsetattr: Inappropriate ioctl.*\n?", re.M)
 # bash -i announces each background job ("[1] 18") on the stderr the command has.
@@ -110,6 +113,7 @@ class ShellSession(AsyncResource):
         self._prompt_seq = b""  # the number in the PS2 the shell prints now
         self._flags = ""  # the shell's ``$-`` after the last command
         self._seq = 0
+        self._mark = 0  # the highest end mark read on the shell's channel
         self._stream: ShellChannel | None = None
         self._lock = asyncio.Lock()
         self._unsettled_since: float | None = None
@@ -153,7 +157,7 @@ class ShellSession(AsyncResource):
             snap.fd,
             snap.seq,
         )
-        session._prompt_seq, session._flags = snap.prompt_seq, snap.flags
+        session._prompt_seq, session._flags, session._mark = snap.prompt_seq, snap.flags, snap.mark
         session._check_syntax_first, session._parser = snap.check_syntax_first, snap.parser
         session._promptvars = "\\shopt -s promptvars; " if snap.kind == "bash" else ""
         session._stream = channel
@@ -172,6 +176,7 @@ class ShellSession(AsyncResource):
             seq=self._seq,
             prompt_seq=self._prompt_seq,
             flags=self._flags,
+            mark=self._mark,
             check_syntax_first=self._check_syntax_first,
             parser=self._parser,
             max_output_bytes=self.max_output_bytes,
@@ -189,7 +194,11 @@ class ShellSession(AsyncResource):
 
     def _pending(self, seq: int, limit: int) -> Pending:
         return Pending(
-            cmd_seq=seq, target=seq, out=CappedOutput(limit), noise=CappedOutput(_NOISE_LIMIT)
+            cmd_seq=seq,
+            target=seq,
+            out=CappedOutput(limit),
+            noise=CappedOutput(_NOISE_LIMIT),
+            mark=self._mark,
         )
 
     async def _launch(self) -> None:
@@ -199,15 +208,20 @@ class ShellSession(AsyncResource):
         self._data = Scanner(self._tag.encode(), b"\n")
         self._noise = Scanner(self._marker.encode(), b"__")
         seq = self._next_seq()
+        self._mark = seq - 1  # a new channel: nothing on it is stale
         init = (
             f"PS1=''; __llenvs_p={seq}; PS2={self._ps2}; unset HISTFILE; __llenvs_fd=9; "
             '[ -n "$BASH_VERSION" ] && set +H +o history; '
             f"if ( exec {_HIGH_FD}>&9 ) 2>/dev/null; then "
             f"exec {_HIGH_FD}>&9 9>&-; __llenvs_fd={_HIGH_FD}; fi; "
             f"\\command printf '{self._tag}{seq}:0:%d:%d:%s:%s\\n' $$ $__llenvs_fd "
-            '"${BASH_VERSION:+bash}" "$(readlink /proc/$$/exe 2>/dev/null)" >&$__llenvs_fd\n'
+            '"${BASH_VERSION:+bash}" "$(readlink /proc/$$/exe 2>/dev/null)" >&$__llenvs_fd; '
+            f"{self._mark_printf(seq)}\n"
         )
+        # Done once the shell's channel is read up to the init line's mark: the start-up
+        # text (busybox's "can't access tty", a first prompt) can then never reach a command.
         pending = self._pending(seq, _PROBE_LIMIT)
+        pending.sync = pending.one_line = True
         try:
             await self._write(init.encode())
             async with asyncio.timeout(self.start_timeout_s):
@@ -235,19 +249,25 @@ class ShellSession(AsyncResource):
         self._seq += 1
         return self._seq
 
+    def _mark_printf(self, seq: int) -> str:
+        """Prints the end mark of ``seq`` on the shell's own channel. The mark's text never
+        appears in the line itself, so ``set -v`` echoes and ``set -x`` traces of it are
+        not marks."""
+        return f"\\command printf '{self._marker}e%d__' {seq} >&2"
+
     def _sentinel_line(self, seq: int) -> bytes:
         r"""Saves ``$?``, resets PS2 (its prompts numbered ``seq``) and job control (``set -m``
         without a terminal only adds "[1]+ Done" lines to later output), prints the tag, ``seq``,
-        ``$?`` and ``$-`` to the data channel and, after exit code 2 (a syntax error, reported
-        on the shell's own channel), an end mark there; then restores ``$?`` in an ``&&``
-        list, which ``set -e`` and the ERR trap ignore. Command words are ``\``-escaped
-        (aliases cannot touch them), expansions quoted (``IFS`` cannot split them).
+        ``$?`` and ``$-`` to the data channel and an end mark on the shell's own channel (the
+        two are copied independently: the mark says where this line's share of the shell's
+        channel ends, syntax errors included); then restores ``$?`` in an ``&&`` list, which
+        ``set -e`` and the ERR trap ignore. Command words are ``\``-escaped (aliases cannot
+        touch them), expansions quoted (``IFS`` cannot split them).
         """
-        fd, mark = self._fd, f"{self._marker}e{seq}__"
         return (
             f"__llenvs_rc=$?; __llenvs_p={seq}; PS2={self._ps2}; {self._promptvars}\\set +m; "
-            f'\\command printf \'{self._tag}{seq}:%d:%s\\n\' "$__llenvs_rc" "$-" >&{fd}; '
-            f'\\command printf "%.$((__llenvs_rc == 2 ? {len(mark)} : 0))s" {mark} >&2; '
+            f'\\command printf \'{self._tag}{seq}:%d:%s\\n\' "$__llenvs_rc" "$-" >&{self._fd}; '
+            f"{self._mark_printf(seq)}; "
             '__llenvs_rc() { \\return "$1"; }; __llenvs_rc "$__llenvs_rc" && \\:\n'
         ).encode()
 
@@ -261,25 +281,33 @@ class ShellSession(AsyncResource):
 
     async def _pump(self, p: Pending) -> None:
         """Read until the sentinel of ``p.target`` arrives (the last line the shell ran: the
-        next command's prompts carry its number)."""
-        await self._read(p)
-        self._prompt_seq = str(p.target).encode()
+        next command's prompts carry its number) and, where ``p`` needs it, its end mark."""
+        try:
+            await self._read(p)
+        finally:
+            if p.done:
+                self._prompt_seq = str(p.target).encode()
 
     async def _read(self, p: Pending) -> None:
         assert self._stream is not None
         loop = asyncio.get_running_loop()
-        # Since when a continuation prompt, or a syntax error's end mark, is awaited.
-        since: float | None = None
+        # Since when the sentinel is awaited after one prompt too many (the shell may wait
+        # for more input), and until when an end mark is awaited after the sentinel.
+        ps2_since: float | None = None
+        mark_deadline: float | None = None
         while not p.complete:
-            if p.done and since is None:  # the end mark: bounded, that channel may be gone
-                since = loop.time()
-            deadline = None if since is None else since + _PS2_QUIET_S
+            if p.done and mark_deadline is None:
+                mark_deadline = loop.time() + _MARK_LIMIT_S
+            if p.done:
+                deadline = mark_deadline
+            else:
+                deadline = None if ps2_since is None else ps2_since + _PS2_QUIET_S
             try:
                 async with asyncio.timeout_at(deadline) as quiet:
                     message = await self._stream.read_out()
             except TimeoutError:
                 if quiet.expired() and p.done:
-                    return
+                    return  # the mark never came: ``p.marked`` stays false
                 if quiet.expired():  # no sentinel after the prompt: the shell waits
                     raise _ContinuationPrompt from None
                 raise
@@ -296,15 +324,17 @@ class ShellSession(AsyncResource):
                 continue
             for kind, payload in self._noise.feed(message.data):
                 if kind == DATA:
-                    if p.ps2 or p.one_line:
+                    # Only once the line before the command has ended on this channel: what
+                    # comes earlier is start-up text or an earlier command's late output.
+                    if self._mark >= p.cmd_seq - 1 and (p.ps2 or p.one_line):
                         p.noise.feed(payload)
                 elif payload[:1] == b"e" and payload[1:].isdigit():
-                    p.noise_end = max(p.noise_end, int(payload[1:]))
+                    self._mark = p.mark = max(self._mark, int(payload[1:]))
                 elif payload == self._prompt_seq:
                     if p.ps2_limit is None or p.ps2 + 1 < p.ps2_limit:
                         p.ps2 += 1
-                    elif since is None:
-                        since = loop.time()
+                    elif ps2_since is None:
+                        ps2_since = loop.time()
 
     def _on_sentinel(self, p: Pending, payload: str) -> None:
         seq, _, rest = payload.partition(":")
@@ -370,18 +400,19 @@ class ShellSession(AsyncResource):
 
     async def _parse_failure(self, body: str, output: str, p: Pending) -> tuple[str, bool]:
         """Exit code 2 after a syntax error: the command's own errors (printed on the shell's
-        channel) join its output, or, if it is merely unfinished, a continuation."""
+        channel) join its output, or, if it is merely unfinished, a continuation. Without
+        the end mark that channel is not known to be complete: the parser then decides."""
         lines = p.noise.text().split("\n")
         if p.one_line:  # the whole line was refused: no ``}`` error of ours
             errors = [line for line in lines if _SYNTAX_LINE.match(line)]
             if not errors:
-                return output, False
+                return await self._unmarked_failure(body, output, p)
             if is_incomplete(await self._syntax_errors(body)):
                 return "", True
             return output + "".join(f"{line}\n" for line in errors), False
         ours = [i for i, line in enumerate(lines) if is_brace_error(line)]
         if not ours:
-            return output, False
+            return await self._unmarked_failure(body, output, p)
         framing = f"}} </dev/null >&{self._fd} 2>&1 {self._fd}>&-"
         before = [ln for ln in lines[: ours[-1]] if ln.strip() and ln != framing]
         if any(SYNTAX_ERROR in line.lower() for line in before):
@@ -389,6 +420,18 @@ class ShellSession(AsyncResource):
         if is_incomplete(await self._syntax_errors(body)):
             return "", True
         return output, False
+
+    async def _unmarked_failure(self, body: str, output: str, p: Pending) -> tuple[str, bool]:
+        """Exit code 2 and no syntax error read: a plain failure when the end mark proves
+        the shell's channel was read in full; else what ``sh -n`` says of the command."""
+        if p.marked:
+            return output, False
+        errors = await self._syntax_errors(body)
+        if not errors:
+            return output, False
+        if is_incomplete(errors):
+            return "", True
+        return output + errors + "\n", False
 
     @staticmethod
     def _exit_note(code: int | None, errexit: bool, output: str) -> str:
@@ -425,8 +468,9 @@ class ShellSession(AsyncResource):
             async with asyncio.timeout(seconds):
                 await self._pump(p)
         except TimeoutError:
-            p.timed_out = True
-            p.restarted = await self._settle(p, started)
+            if not p.done:  # else it ended in time, its end mark did not: see _parse_failure
+                p.timed_out = True
+                p.restarted = await self._settle(p, started)
         except _ContinuationPrompt:
             p.continuation = True
             p.restarted = await self._settle(p, started)

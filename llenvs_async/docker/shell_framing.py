@@ -96,7 +96,10 @@ class Pending:
 
     ``cmd_seq`` numbers the command's own sentinel, ``target`` the one that ends the wait
     (the same, or a resync sentinel sent after an interrupt). ``noise``: what the shell
-    printed for itself after the command's first prompt (its syntax errors land there).
+    printed for itself for this command (its syntax errors land there). ``mark``: the
+    highest end mark read on the shell's channel; every sentinel line prints one there,
+    so a mark proves that channel is read up to that line. ``sync``: wait for the target's
+    mark even when the exit code is not 2 (the launch: the start-up text must be consumed).
     """
 
     cmd_seq: int
@@ -113,13 +116,19 @@ class Pending:
     continuation: bool = False
     restarted: bool = False
     exited: bool = False
-    noise_end: int = 0
+    sync: bool = False
+    mark: int = 0
+
+    @property
+    def marked(self) -> bool:
+        """The shell's channel has been read past the target's sentinel line."""
+        return self.mark >= self.target
 
     @property
     def complete(self) -> bool:
-        """The target sentinel arrived, and for a syntax error (exit code 2) also the end
-        mark on the shell's channel, which carries the error message."""
-        return self.done and (self.rc != 2 or self.noise_end >= self.target)
+        """The target sentinel arrived, and after a possible syntax error (exit code 2, its
+        message printed on the shell's channel) or when syncing, also the end mark there."""
+        return self.done and (self.marked or (self.rc != 2 and not self.sync))
 
     def on_sentinel(self, seq: int, rest: str) -> None:
         code, _, extra = rest.partition(":")

@@ -75,6 +75,7 @@ class ShellSnapshot:
     seq: int
     prompt_seq: bytes
     flags: str
+    mark: int = 0
     check_syntax_first: bool
     parser: str
     max_output_bytes: int
