@@ -13,9 +13,8 @@ import pytest
 from llenvs_async import GenerationRequest, SamplingParams
 from llenvs_async.backends.openai import OpenAIBackend
 from llenvs_async.errors import BackendError
-from tests._imports import import_or_fail
 
-torch = import_or_fail("torch")
+torch = pytest.importorskip("torch", reason="run 'make vllm' (it brings torch)")
 
 WEIGHTS = [("w", torch.ones(2))]
 

@@ -12,7 +12,6 @@ from llenvs_async import Completion, GenerationRequest, SamplingParams, Scripted
 from llenvs_async.backends import TrainableBackend
 from llenvs_async.backends._vllm_compat import to_completion
 from llenvs_async.backends._weights import engine_spans, weights_file
-from tests._imports import import_or_fail
 
 PARAMS = SamplingParams(max_tokens=4)
 
@@ -109,7 +108,7 @@ def test_vllm_weight_version_spans_become_int_spans() -> None:
 
 
 async def test_weights_file_copies_tensors_and_cleans_up() -> None:
-    torch = import_or_fail("torch")
+    torch = pytest.importorskip("torch", reason="run 'make vllm' (it brings torch)")
     from safetensors.torch import load_file
 
     weight = torch.nn.Parameter(torch.ones(2, 3))
@@ -125,7 +124,7 @@ async def test_weights_file_copies_tensors_and_cleans_up() -> None:
 
 
 async def test_vllm_update_needs_an_engine_with_the_pause_api() -> None:
-    torch = import_or_fail("torch")
+    torch = pytest.importorskip("torch", reason="run 'make vllm' (it brings torch)")
 
     from llenvs_async.backends.vllm import VLLMBackend
     from llenvs_async.errors import BackendError
@@ -138,7 +137,7 @@ async def test_vllm_update_needs_an_engine_with_the_pause_api() -> None:
 
 
 async def test_vllm_swap_keeps_the_load_error_and_notes_the_failed_resume() -> None:
-    torch = import_or_fail("torch")
+    torch = pytest.importorskip("torch", reason="run 'make vllm' (it brings torch)")
 
     from llenvs_async.backends.vllm import VLLMBackend
     from llenvs_async.errors import BackendError

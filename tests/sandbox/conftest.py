@@ -4,7 +4,6 @@ a one-task Harbor dataset on the busybox image, and a check that nothing is left
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -28,12 +27,6 @@ workdir = "/"
 memory_mb = 512
 network_mode = "no-network"
 """
-
-
-def _fail_or_skip(message: str) -> None:
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(message)
-    pytest.skip(message)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -64,7 +57,7 @@ def runsc_binary() -> Runsc:
     try:
         return find_runsc()
     except GvisorUnavailableError as exc:
-        _fail_or_skip(f"gVisor is not available ({exc})")
+        pytest.skip(f"gVisor is not available ({exc})")
         raise
 
 
@@ -84,7 +77,7 @@ def gvisor_image() -> str:
     try:
         asyncio.run(build())
     except DockerUnavailableError as exc:
-        _fail_or_skip(f"no Docker engine answers ({exc})")
+        pytest.skip(f"no Docker engine answers ({exc})")
     return BUSYBOX_IMAGE
 
 
