@@ -1,8 +1,13 @@
-"""Small helpers the tiers share: whether this is CI, and the built-images check."""
+"""Small helpers the tiers share: whether this is CI, the built-images check, and running a
+child process that is never left behind."""
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -23,3 +28,32 @@ async def require_built_images(engine: DockerEngine, *tags: str) -> None:
             f"image(s) {', '.join(missing)} not built: run `make images` "
             "(`python -m llenvs_async.docker.images build-all`); tests never download them"
         )
+
+
+def run_child(
+    argv: Sequence[str], *, timeout: float, grace: float = 60.0, **popen: Any
+) -> subprocess.CompletedProcess[str]:
+    """Run a child (an example, the CLI) to its end, capturing its text output.
+
+    Past ``timeout``, or when the test itself is interrupted (pytest-timeout, Ctrl-C), the
+    child gets SIGINT as from Ctrl-C, so it tears down its containers and engines, and
+    SIGKILL only after ``grace``. A test's own timeout must exceed ``timeout + grace``
+    (``@pytest.mark.timeout``): the child's bound fires first and the test fails with its
+    output instead of leaving it behind.
+    """
+    with subprocess.Popen(
+        list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except BaseException as exc:
+            proc.send_signal(signal.SIGINT)
+            try:
+                out, err = proc.communicate(timeout=grace)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+            if not isinstance(exc, subprocess.TimeoutExpired):
+                raise
+            pytest.fail(f"{' '.join(argv)} ran past {timeout} s: interrupted\n{err[-4000:]}")
+    return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)

@@ -3,23 +3,26 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests._support import run_child
+
 from .conftest import REPO, require_ray
 
 
 @pytest.mark.ray
+@pytest.mark.timeout(600 + 120)
 def test_bench_ray_quick_writes_both_tables(tmp_path: Path) -> None:
     require_ray()
     # Its own clusters (one node, then two): a separate process, not this session's driver.
-    subprocess.run(
+    proc = run_child(
         [sys.executable, "-m", "benchmarks.bench_ray", "--quick", "--out", str(tmp_path)],
-        cwd=REPO, check=True, timeout=600, capture_output=True,
+        cwd=REPO, timeout=600,
     )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "ray.json").read_text())
     overhead, throughput = result["tables"]
     assert [row[0] for row in overhead["rows"]] == [2, 4]

@@ -8,19 +8,17 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from tests._support import run_child
 from tests.cli._docker import docker_ready  # noqa: F401  (a fixture)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def run_example(name: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run ``examples/<name>`` with this interpreter; fails the test on a non-zero exit."""
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / name), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=EXAMPLES.parent,
+    """Run ``examples/<name>`` with this interpreter; fails the test on a non-zero exit.
+    Past ``timeout`` it is interrupted as by Ctrl-C (``run_child``)."""
+    proc = run_child(
+        [sys.executable, str(EXAMPLES / name), *args], timeout=timeout, cwd=EXAMPLES.parent
     )
     assert proc.returncode == 0, proc.stderr
     return proc

@@ -15,6 +15,7 @@ from .conftest import run_example
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 
+@pytest.mark.timeout(300 + 120)
 def test_q_values_harbor_recipe(docker_ready: None) -> None:
     out = run_example("q_values_harbor.py", timeout=300).stdout
     q = {m[1]: float(m[2]) for m in re.finditer(r"Q\(s, '(.+?)'\) = ([\d.]+) \(n=6\)", out)}
@@ -25,6 +26,7 @@ def test_q_values_harbor_recipe(docker_ready: None) -> None:
     assert 1 < peak <= 4  # batch_size=4 caps live containers
 
 
+@pytest.mark.timeout(600 + 120)
 def test_demo_separates_correct_from_destructive(docker_ready: None, tmp_path: Path) -> None:
     out = run_example("demo.py", "--out", str(tmp_path), "--rollouts", "6", timeout=600).stdout
     assert "containers left: 0" in out

@@ -44,6 +44,7 @@ def test_z_score_separates_noise_from_learning() -> None:
     assert z_score(40, 30, 96) < 0
 
 
+@pytest.mark.timeout(600 + 120)
 def test_quick_run_learns_with_both_estimators_and_bounded_staleness(vllm_ready: str) -> None:  # noqa: F811
     example = load_example("train_tiny_rl.py")
     bound = example.Config.quick().max_staleness
