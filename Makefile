@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install vllm tiny-model test-packages test test-fast test-ray lint demo bench docker gvisor images browser clean
+.PHONY: install vllm tiny-model test-packages test test-fast test-ray flake-audit lint demo bench docker gvisor images browser clean
 
 install: $(STAMP)
 
@@ -51,6 +51,11 @@ test-fast: install
 # The Ray tier alone: a two-node cluster on 127.0.0.1 (Ray comes with the dev extra).
 test-ray: install docker images
 	$(PY) -m pytest tests/distributed -m ray $(PYTEST_ARGS)
+
+# Every tier FLAKE_RUNS times under a CPU burner (CI=true): which tests fail only under load.
+FLAKE_RUNS ?= 5
+flake-audit: install vllm docker gvisor images browser test-packages
+	$(PY) scripts/flake-audit.py --runs $(FLAKE_RUNS) --tier all --out benchmarks/results/flake_audit.md
 
 lint: install
 	$(PY) -m ruff check .

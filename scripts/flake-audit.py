@@ -1,0 +1,110 @@
+"""Run test tiers repeatedly on a loaded machine and tabulate what failed.
+
+    .venv/bin/python scripts/flake-audit.py --runs 5 --tier docker --tier gvisor
+    .venv/bin/python scripts/flake-audit.py --runs 5 --tier all --out flake_audit.md
+
+A CPU burner (one busy process per core) runs for the whole audit, so timing windows that
+only hold on a quiet machine show up. Each run is a fresh pytest process with CI=true
+(a skip fails). The table lists, per tier, how many runs failed and which tests failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import re
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TIERS = {
+    "fast": "not docker and not vllm and not ray and not gvisor and not browser",
+    "docker": "docker and not vllm and not ray and not gvisor",
+    "gvisor": "gvisor",
+    "vllm": "vllm",
+    "ray": "ray",
+    "browser": "browser",
+}
+_FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.M)
+
+
+def burn(stop_at: float) -> None:
+    """Keep one core busy until ``stop_at`` (a wall-clock bound: never left running)."""
+    while time.time() < stop_at:
+        pass
+
+
+def run_tier(marker: str, timeout: float) -> tuple[int, list[str], float]:
+    started = time.monotonic()
+    env = {**os.environ, "CI": "true"}
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marker]
+    try:
+        done = subprocess.run(
+            argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+        )
+        output, code = done.stdout + done.stderr, done.returncode
+    except subprocess.TimeoutExpired as exc:
+        output, code = str(exc.stdout or ""), -1
+    return code, sorted(set(_FAILED.findall(output))), time.monotonic() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--tier", action="append", choices=[*TIERS, "all"], required=True)
+    parser.add_argument("--timeout", type=float, default=3600, help="per run, seconds")
+    parser.add_argument("--no-load", action="store_true", help="no CPU burner")
+    parser.add_argument("--out", type=Path, help="append the markdown table to this file")
+    args = parser.parse_args()
+    tiers = list(TIERS) if "all" in args.tier else args.tier
+    burners: list[multiprocessing.Process] = []
+    if not args.no_load:
+        stop_at = time.time() + args.timeout * args.runs * len(tiers)
+        burners = [
+            multiprocessing.Process(target=burn, args=(stop_at,), daemon=True)
+            for _ in range(os.cpu_count() or 1)
+        ]
+        for burner in burners:
+            burner.start()
+    rows = []
+    try:
+        for tier in tiers:
+            failures: Counter[str] = Counter()
+            failed_runs, seconds = 0, []
+            for i in range(args.runs):
+                code, failed, took = run_tier(TIERS[tier], args.timeout)
+                failed_runs += code != 0
+                failures.update(failed or ([] if code == 0 else [f"exit {code}"]))
+                seconds.append(took)
+                print(f"{tier} run {i + 1}/{args.runs}: exit {code} in {took:.0f} s {failed}")
+            names = ", ".join(f"{n} ({c}x)" for n, c in failures.most_common()) or "-"
+            rows.append(
+                f"| {tier} | {args.runs} | {failed_runs} | {max(seconds):.0f} s | {names} |"
+            )
+    finally:
+        for burner in burners:
+            burner.terminate()
+            burner.join()
+    load = "no load" if args.no_load else f"{len(burners)} busy processes"
+    table = "\n".join(
+        [
+            f"Flake audit {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {load}, CI=true",
+            "",
+            "| tier | runs | failed runs | slowest run | failing tests |",
+            "|---|---|---|---|---|",
+            *rows,
+        ]
+    )
+    print(table)
+    if args.out:
+        with args.out.open("a") as out:
+            out.write(table + "\n\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
