@@ -63,17 +63,41 @@ async def test_closing_mid_refill_leaves_no_container(
         await pool.take(spec)
 
 
+@pytest.mark.parametrize("phase", ["creating", "opening_the_shell"])
 async def test_a_cancelled_take_leaves_no_container(
-    engine: DockerEngine, busybox_image: str
+    engine: DockerEngine, busybox_image: str, monkeypatch: pytest.MonkeyPatch, phase: str
 ) -> None:
+    """The take is cancelled while its own container is being created, or once it exists
+    and its shell is being opened; the refills it started run in their own tasks."""
+    from llenvs_async.docker import pool as pool_module
+
+    real_create = pool_module.Container.create
+    reached = asyncio.Event()
+    made: list[str] = []
+
+    async def create(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if asyncio.current_task() is not task:
+            return await real_create(*args, **kwargs)
+        if phase == "creating":
+            reached.set()  # the test cancels at this create's first await (its request)
+            return await real_create(*args, **kwargs)
+        container = await real_create(*args, **kwargs)
+        made.append(container.id)
+        reached.set()  # the test cancels at the shell's first await (an engine call)
+        return container
+
+    monkeypatch.setattr(pool_module.Container, "create", create)
     spec = ContainerSpec(image=busybox_image)
     async with WarmPool(engine, size=2) as pool:
         task = asyncio.ensure_future(pool.take(spec))
-        await asyncio.sleep(0.01)
+        async with asyncio.timeout(60):
+            await reached.wait()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-    assert await _labelled(engine) == 0
+        # The take's own container existed when it was cancelled (the second phase).
+        assert len(made) == (1 if phase == "opening_the_shell" else 0)
+    assert await _labelled(engine) == 0  # the take's container included: it is labelled too
 
 
 async def test_background_refills_are_bounded_by_refill_concurrency(

@@ -108,24 +108,42 @@ async def test_budget_is_reanchored_after_a_slow_replay_and_running_out_truncate
         await adapter.get_environment(EXAMPLES, budget_sec=budget) as live,
         await adapter.get_environment(EXAMPLES, budget_sec=budget) as fresh,
     ):
-        saved = await play(live, await live.reset("csv-totals"), "sleep 1", "sleep 1")
+        saved = await live.reset("csv-totals")
+        assert saved.hidden["budget_used_sec"] == 0.0  # the reset is not charged
+        walls, durations = [], []
+        for command in ("sleep 1", "sleep 1"):
+            before, started = saved.hidden["budget_used_sec"], time.monotonic()
+            result = await live.step(saved, Action(text=command))
+            walls.append(time.monotonic() - started)
+            saved = result.next_state
+            durations.append(result.info["duration_sec"])
+            # Each step charges its command's time: at least the shell's own measure of
+            # it, at most the whole step as the caller saw it (nothing outside it).
+            charged = saved.hidden["budget_used_sec"] - before
+            assert durations[-1] - 1e-5 <= charged <= walls[-1] + 1e-5
         used = saved.hidden["budget_used_sec"]
-        assert spent <= used < spent + 0.5
+        assert spent <= sum(durations) and sum(durations) - 1e-5 <= used <= sum(walls) + 1e-5
         assert saved.hidden["budget_left_sec"] == pytest.approx(budget - used)
 
         started = time.monotonic()
         restored = await harbor_restore(fresh, saved)
         assert time.monotonic() - started >= spent  # the replay itself took the 2 s again
+        assert restored.info["replay_sec"] >= spent
         assert restored.hidden["budget_used_sec"] == used  # ... but did not spend the budget
         assert fresh.budget_left_sec == pytest.approx(budget - used)
 
-        # The continuation has exactly budget - used seconds of command time left.
+        # The continuation has exactly budget - used seconds of command time left: that is
+        # the timeout its command ran under (the observation names it), and all of it is
+        # charged.
         result = await fresh.step(restored, Action(text="sleep 30"))
         assert result.truncated and not result.terminated
         assert result.info["truncation_reason"] == "agent_timeout"
         assert result.info["truncation_message"] == "the trajectory time budget of 6s is used up"
-        assert "time budget of 6s is used up" in result.next_state.observation.text
+        text = result.next_state.observation.text
+        assert f"[command timed out after {budget - used:g}s and was interrupted]" in text
+        assert "time budget of 6s is used up" in text
         assert result.info["timed_out"] is True
-        assert budget - used - 0.1 <= result.info["duration_sec"] <= budget - used + 1.0
+        # Interrupted at the timeout, not after the 30 s sleep (a hang guard, not a window).
+        assert budget - used - 0.1 <= result.info["duration_sec"] < 30
         assert result.reward == 0.0  # verified: csv-totals is not solved
         assert result.next_state.hidden["budget_left_sec"] == 0.0
