@@ -7,8 +7,6 @@ import asyncio
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -47,23 +45,26 @@ def policy(solution: list[str]) -> Any:
     return act
 
 
-@asynccontextmanager
-async def peak_actors() -> AsyncIterator[list[int]]:
-    """Poll the cluster's live environment actors; yields ``[peak]``."""
-    peak = [0]
-    stop = asyncio.Event()
+def actor_record(session: str) -> list[dict[str, Any]]:
+    """The GCS's own record of a factory's actors, the dead ones included (its actor table:
+    name, state, worker pid, restarts), not a sample of the live ones at some instant."""
+    from ray._private import state
 
-    async def poll() -> None:
-        while not stop.is_set():
-            peak[0] = max(peak[0], len(await asyncio.to_thread(live_actors)))
-            await asyncio.sleep(0.05)
+    from llenvs_async.distributed.ray import ACTOR_PREFIX
 
-    poller = asyncio.create_task(poll())
-    try:
-        yield peak
-    finally:
-        stop.set()
-        await poller
+    prefix = f"{ACTOR_PREFIX}-{session}-"
+    return [a for a in state.actors().values() if a["Name"].startswith(prefix)]
+
+
+async def ended_actors(session: str, limit: float = 60.0) -> list[dict[str, Any]]:
+    """``actor_record`` once the GCS has recorded every one of them dead: ``ray.kill`` only
+    sends the kill, the GCS records it a moment later (bounded wait, at most ``limit``)."""
+    async with asyncio.timeout(limit):
+        while True:
+            record = actor_record(session)
+            if all(a["State"] == "DEAD" for a in record):
+                return record
+            await asyncio.sleep(0.1)
 
 
 async def test_run_batch_from_states_with_harbor_restore_on_both_nodes(
@@ -88,8 +89,7 @@ async def test_run_batch_from_states_with_harbor_restore_on_both_nodes(
         return proxy
 
     runner.env_factory = tracked
-    async with peak_actors() as peak:
-        trajectories = await runner.run_batch_from_states(saved, batch_size=4)
+    trajectories = await runner.run_batch_from_states(saved, batch_size=4)
     assert [t.error for t in trajectories] == [None] * len(saved)
     assert all(t.success for t in trajectories)
     assert [len(t) for t in trajectories] == [len(solution) + 1 - s.step for s in saved]
@@ -98,7 +98,13 @@ async def test_run_batch_from_states_with_harbor_restore_on_both_nodes(
     assert {t.info["node_id"] for t in trajectories} == nodes and len(nodes) == 2
     assert factory.created == len(saved)
     assert factory.peak_live == runner.stats.peak_live_instances == 4
-    assert 0 < peak[0] <= 4
+    # The cluster ran exactly the actors the factory counted (one instance each, so never
+    # more than its peak of 4 at once), none restarted, and every one has ended.
+    record = await ended_actors(factory.session)
+    assert len(record) == factory.created, record
+    assert {a["Pid"] for a in record} == pids
+    assert {a["Address"]["NodeID"] for a in record} == nodes
+    assert all(a["NumRestarts"] == 0 for a in record), record
     assert live_actors() == []
     assert await containers_of(docker_engine, socket.gethostname(), pids) == []
 
@@ -188,27 +194,52 @@ async def test_cancelling_a_run_removes_every_actor_and_container(
     saved, solution = await saved_states()
     factory = ray_env_factory(_envs.harbor)
     act = policy(solution)
-    stepping = asyncio.Event()
+    stepped: set[int] = set()
+    parked = asyncio.Event()
+    never = asyncio.Event()
     pids: set[int] = set()
 
-    def act_and_signal(request: GenerationRequest) -> str:
-        if request.step > saved[0].step:  # every instance is restored and has stepped
+    async def park() -> str:
+        await never.wait()  # until the test cancels the run
+        raise AssertionError("the parked round was never cancelled")
+
+    def act_or_park(request: GenerationRequest) -> Any:
+        if request.step > saved[0].step:
+            stepped.add(request.rollout_index)
+        if len(stepped) == 4 and not parked.is_set():
+            # Every instance is restored and has stepped, none can have finished (the
+            # solution has 6+ steps): the run parks in this round until it is cancelled.
             pids.update(p.placement.pid for p in factory._live.values())
-            stepping.set()
+            parked.set()
+            return park()
         return act(request)
 
     runner = TrajectoryRunner(
-        await _envs.harbor(), ScriptedBackend(act_and_signal), env_factory=factory,
+        await _envs.harbor(), ScriptedBackend(act_or_park), env_factory=factory,
         restore_fn=remote_restore(harbor_restore),
     )  # fmt: skip
     run = asyncio.create_task(runner.run_batch_from_states([saved[0]] * 4, batch_size=4))
-    await stepping.wait()
+    signalled = asyncio.ensure_future(parked.wait())
     host = socket.gethostname()
-    assert len(pids) == 4 and len(await containers_of(docker_engine, host, pids)) == 4
+    try:
+        # hang guard only: a run that fails or ends first is reported by the assert below
+        await asyncio.wait({run, signalled}, timeout=240, return_when=asyncio.FIRST_COMPLETED)
+        assert parked.is_set() and not run.done(), run
+        assert len(pids) == 4 and len(await containers_of(docker_engine, host, pids)) == 4
+        assert not run.done(), run  # still parked mid-run when cancelled
+    except BaseException:
+        run.cancel()
+        await asyncio.wait({run}, timeout=120)  # its teardown, before the failure is reported
+        raise
+    finally:
+        signalled.cancel()
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
         await run
-    assert factory.live == 0 and live_actors() == []
+    assert factory.live == 0
+    record = await ended_actors(factory.session)
+    assert len(record) == factory.created == 4 and {a["Pid"] for a in record} == pids
+    assert live_actors() == []
     assert await containers_of(docker_engine, host, pids) == []
 
 

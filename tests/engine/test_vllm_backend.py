@@ -50,10 +50,30 @@ async def test_one_generate_puts_every_request_of_the_round_in_the_engine_togeth
 ) -> None:
     n = 12
     backend = VLLMBackend(engine.llm)
-    engine.stats.reset()
+    processor = engine.llm.output_processor
+    assert processor.get_num_unfinished_requests() == 0
     batch = [chat(f"question {i}", seed=100 + i, index=i) for i in range(n)]
-    outcomes = completions(await backend.generate(batch, PARAMS))
-    # The engine's scheduler saw all n requests at once (running + waiting), never more.
+    # The engine's scheduler is held ("keep": requests added now queue, none is scheduled),
+    # so no request can finish before the last one arrives, however slowly this process
+    # runs. A backend that waited for one request before sending the next never gets all
+    # n into the engine and fails the wait below.
+    await engine.llm.pause_generation(mode="keep", clear_cache=False)
+    engine.stats.reset()
+    round_ = asyncio.create_task(backend.generate(batch, PARAMS))
+    try:
+        async with asyncio.timeout(60):  # hang guard
+            while processor.get_num_unfinished_requests() < n and not round_.done():
+                await asyncio.sleep(0.01)
+        held = processor.get_num_unfinished_requests()
+    except BaseException:
+        round_.cancel()
+        raise
+    finally:
+        # Sent after the n adds on the same socket: the engine has them all when it resumes.
+        await engine.llm.resume_generation()
+    assert held == n, (held, round_)
+    outcomes = completions(await round_)
+    # The engine's scheduler then saw all n requests at once (running + waiting), never more.
     assert engine.stats.peak_scheduled == n, engine.stats.history
     assert len(outcomes) == n
     assert len({c.prompt_token_ids for c in outcomes}) == n

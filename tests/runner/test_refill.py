@@ -134,16 +134,32 @@ async def test_cancelled_refill_run_closes_everything(tracker) -> None:  # type:
     async def factory() -> CounterEnv:
         return CounterEnv(tracker=tracker, latency=0.01)
 
+    targets = _long_tailed_targets(32)
+    # the first 6 inputs finish within 14 steps, input 10 alone needs 19: at the 40th step
+    # the run has refilled slots (created > 6) and is still far from its end
+    assert sum(t + 1 for t in targets[:6]) < 40 < sum(t + 1 for t in targets)
+    forty_steps = asyncio.Event()
+
+    def policy(request):  # type: ignore[no-untyped-def]
+        if tracker.steps >= 40:
+            forty_steps.set()
+        return counter_policy(request)
+
     runner = TrajectoryRunner(
-        environment=CounterEnv(), backend=ScriptedBackend(counter_policy), env_factory=factory
+        environment=CounterEnv(), backend=ScriptedBackend(policy), env_factory=factory
     )
-    task = asyncio.ensure_future(runner.run_batch(_long_tailed_targets(32), batch_size=6))
-    while tracker.steps < 40:
-        await asyncio.sleep(0.005)
+    task = asyncio.ensure_future(runner.run_batch(targets, batch_size=6))
+    reached = asyncio.ensure_future(forty_steps.wait())
+    # hang guard only: a run that fails or ends first is reported by the assert below
+    await asyncio.wait({task, reached}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+    reached.cancel()
+    assert forty_steps.is_set() and not task.done(), task
+    created, live = tracker.created, tracker.live
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert tracker.created > 6 and tracker.live == 0
+    assert created > 6 and live > 0  # cancelled mid-run, with instances open
+    assert tracker.live == 0 and tracker.closed == tracker.created
 
 
 async def test_a_slow_restore_does_not_hold_the_rounds_back(tracker) -> None:  # type: ignore[no-untyped-def]
