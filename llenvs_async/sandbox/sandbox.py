@@ -5,11 +5,14 @@ Same defaults as ``Container``: no network (``--network=none``: loopback only), 
 privileges, Docker's capabilities less ``ContainerSpec.cap_drop``, pids/memory/cpu limits
 (OCI ``linux.resources``, enforced by runsc's cgroups), tini as init, the ownership labels
 as OCI annotations (``runsc list`` shows them: how ``reap_orphan_sandboxes`` finds leftovers).
+An image whose own ``ls`` this runsc fails with EINVAL (runsc older than gVisor 20231030 and
+coreutils >= 9) is logged as such, once per image: its sandboxes (and forks) cannot stat.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import subprocess
 import time
@@ -44,6 +47,11 @@ __all__ = ["Sandbox"]
 _SIGNAL_TIMEOUT = 10.0
 # A missing file, told apart from other failures of ``get_file``.
 _MISSING = 44
+# Stats a path as the image's own ls does (GNU ls: statx with AT_NO_AUTOMOUNT).
+_STAT_PROBE = "ls -d / >/dev/null"
+# (runsc binary, image id) pairs whose ``ls`` was probed in this process.
+_stat_checked: set[tuple[str, str]] = set()
+_log = logging.getLogger("llenvs_async.sandbox")
 
 
 class Sandbox(AsyncResource):
@@ -79,9 +87,35 @@ class Sandbox(AsyncResource):
         """Start a sandbox from ``spec.image`` (a local image, exported once for gVisor)."""
         runsc = runsc or find_runsc()
         rootfs: ImageRootfs = await ensure_rootfs(engine, spec.image)
+        checked = (runsc.binary, rootfs.image_id)
         annotations = {**spec.labels, **engine.labels}
         config = oci_config(spec, rootfs, init=find_init(), annotations=annotations)
-        return await cls._start(runsc, spec, config, ("run",), create_timeout)
+        sandbox = await cls._start(runsc, spec, config, ("run",), create_timeout)
+        if checked not in _stat_checked:
+            _stat_checked.add(checked)  # before the probe: concurrent creates probe once
+            try:
+                await sandbox._check_stat()
+            except BaseException:
+                await sandbox.aclose()
+                raise
+        return sandbox
+
+    async def _check_stat(self) -> None:
+        """Warn when this image's own ``ls`` fails with EINVAL here: runsc before gVisor
+        release-20231030 rejects statx/fstatat's ``AT_NO_AUTOMOUNT``, which coreutils >= 9
+        passes, so ``ls PATH``/``stat`` fail in every sandbox of the image, forks included."""
+        result = await self.exec(["/bin/sh", "-c", _STAT_PROBE], timeout=_SIGNAL_TIMEOUT)
+        if result.ok or "Invalid argument" not in result.output:
+            return
+        version = (await self.runsc.call("--version", what="--version")).partition("\n")[0]
+        _log.warning(
+            "gVisor's runsc (%s) rejects statx/fstatat's AT_NO_AUTOMOUNT flag (accepted from "
+            "gVisor release-20231030), so GNU ls/stat in image %r fail with 'Invalid argument' "
+            "on every path (%r): run this image on runc, or name a runsc from release-20231030 "
+            "on in LLENVS_RUNSC (Debian trixie's 0.0~20240729 stats fine but loses "
+            "runsc-exec'd processes on restore: SnapshotRestore(processes=True) breaks there)",
+            version, self.spec.image, result.output.strip()[-200:],
+        )  # fmt: skip
 
     @classmethod
     async def restore(
