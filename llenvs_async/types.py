@@ -450,7 +450,8 @@ class Completion:
 
     ``tool_calls`` are the model's tool calls as the server returned them (OpenAI's
     ``{"id", "type": "function", "function": {"name", "arguments"}}`` objects); the
-    runner copies them to ``Action.tool_calls`` for the environment.
+    runner copies them to ``Action.tool_calls`` for the environment. ``reasoning`` is the
+    text the server's reasoning parser split off ``text`` (None when it has none).
 
     ``policy_version`` is the backend's weight version when the completion finished;
     ``version_spans`` (where the engine reports them) say which weights sampled which
@@ -464,6 +465,7 @@ class Completion:
     finish_reason: str | None = None
     prompt_token_ids: tuple[int, ...] = ()
     tool_calls: tuple[Any, ...] = ()
+    reasoning: str | None = None
     policy_version: int | None = None
     version_spans: tuple[tuple[int, int, int], ...] = ()
 
@@ -695,12 +697,14 @@ class SamplingParams:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ChatMessage:
     """One chat message; an assistant's ``tool_calls`` and a ``tool`` reply's
-    ``tool_call_id`` follow OpenAI's chat format."""
+    ``tool_call_id`` follow OpenAI's chat format. ``reasoning`` is an assistant turn's
+    reasoning, sent (as ``reasoning_content``) only when the run keeps it."""
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str
     tool_calls: tuple[Any, ...] = ()
     tool_call_id: str | None = None
+    reasoning: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -711,7 +715,9 @@ class GenerationRequest:
     ``rollout_index`` is the rollout's input position (for scripted policies and logs).
     ``seed`` is this request's own sampling seed, derived by the runner from the run's
     base seed, the rollout's input index and the step (None: the engine's randomness).
-    ``tools`` are OpenAI-format tool definitions offered to the model (chat mode).
+    ``tools`` are OpenAI-format tool definitions offered to the model; ``tool_choice``
+    is OpenAI's (``"auto"``, ``"required"``, ``"none"`` or a named function; None: the
+    server's default).
     """
 
     messages: tuple[ChatMessage, ...]
@@ -721,6 +727,7 @@ class GenerationRequest:
     task: int | str | None = None
     seed: int | None = None
     tools: tuple[Mapping[str, Any], ...] = ()
+    tool_choice: str | Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

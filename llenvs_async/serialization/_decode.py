@@ -203,6 +203,7 @@ def _read_completion(
         finish_reason=_opt(data, "finish_reason", str, where),
         prompt_token_ids=prompt_ids,
         tool_calls=tuple(_decode_value(c) for c in _list(data, "tool_calls", where)),
+        reasoning=_opt(data, "reasoning", str, where),
         policy_version=_opt(data, "policy_version", int, where),
         version_spans=_version_spans(data, where),
     )

@@ -160,6 +160,7 @@ def _completion(c: Completion, prompt: tuple[int, ...] | None = None) -> dict[st
             if c.tool_calls
             else {}
         ),
+        **({} if c.reasoning is None else {"reasoning": c.reasoning}),
         **({} if c.policy_version is None else {"policy_version": c.policy_version}),
         **({"version_spans": [list(s) for s in c.version_spans]} if c.version_spans else {}),
     }
