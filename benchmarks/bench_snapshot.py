@@ -37,6 +37,7 @@ from llenvs_async.adapters.harbor import (
 from llenvs_async.docker import Container, ContainerSpec, DockerEngine, ensure_base_image
 from llenvs_async.docker.ownership import current_owner
 from llenvs_async.docker.snapshots import list_snapshot_images, remove_image
+from llenvs_async.policies import fenced
 from llenvs_async.sandbox import Sandbox, find_runsc, remove_own_sandboxes_sync
 
 from ._common import Result, Target, bench_main, make_result, plot, spread, table
@@ -89,7 +90,7 @@ Times = dict[str, dict[str, dict[int, list[float]]]]  # workload -> mode -> L ->
 
 
 def noop(request: GenerationRequest) -> str:
-    return "true"
+    return fenced("true")
 
 
 async def saved_state(adapter: HarborAdapter, task: str, actions: Sequence[str]) -> State:

@@ -38,6 +38,7 @@ from llenvs_async.adapters.harbor import (
 )
 from llenvs_async.cli.plot import EstimatePanel, matplotlib_available, plot_estimates
 from llenvs_async.docker.engine import DockerEngine
+from llenvs_async.policies import shell_reply
 from llenvs_async.serialization import from_dict, to_dict
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
@@ -46,7 +47,8 @@ TASKS = ("csv-totals", "organize-files", "build-release")
 
 def saved_state(task: str, trajectories: Sequence[Trajectory], solution: Sequence[str]) -> State:
     """The state halfway through the solution, from a trajectory that followed it so far
-    (the deepest such state when every collected trajectory strayed earlier).
+    (the deepest such state when every collected trajectory strayed earlier). The oracle's
+    replies are its commands fenced (``shell_reply``), as a model's must be.
     """
     target = len(solution) // 2
     best: State | None = None
@@ -54,7 +56,8 @@ def saved_state(task: str, trajectories: Sequence[Trajectory], solution: Sequenc
         if traj.initial_state.task != task or traj.error is not None:
             continue
         for state in traj.states[: target + 1]:
-            on_track = [a.text for a in state.actions] == list(solution[: state.step])
+            taken = [a.text for a in state.actions]
+            on_track = taken == [shell_reply(c) for c in solution[: state.step]]
             if on_track and not state.done and (best is None or state.step > best.step):
                 best = state
     assert best is not None, f"no usable trajectory for {task}"  # step 0 is always on track

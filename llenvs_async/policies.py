@@ -1,6 +1,11 @@
 """Scripted epsilon-oracle policies (the CLI's scripted backend, the demo) for the built-in
 environments; Harbor's oracle lives with its adapter (``adapters/harbor/oracle.py``).
 
+A shell task (``DockerEnvironment``, ``HarborEnvironment``, gVisor sandboxes) parses what a
+backend generated strictly: a command is exactly one fenced block, a submit is the submit
+word alone. A scripted policy replying to one wraps its commands with ``fenced`` (or
+``shell_reply``, which leaves the submit word as it is).
+
 An oracle knows the right next action; with probability ``epsilon`` it takes a
 mistake instead (a wrong or destructive action). Draws are seeded per
 ``(seed, task, rollout_index, step)``, so a run is reproducible and the rollouts
@@ -20,7 +25,26 @@ __all__ = [
     "arithmetic_oracle",
     "chain_oracle",
     "counter_oracle",
+    "fenced",
+    "shell_reply",
 ]
+
+
+def fenced(command: str) -> str:
+    """``command`` as a model replies with it to a shell task: exactly one fenced block (a
+    ```` ```bash ```` line, the command, a ```` ``` ```` line); a multi-line script stays
+    whole inside it. The environment runs the block's content (what ``info["command"]``
+    shows). A command holding a triple backtick cannot be fenced (the block would end
+    there): ``ValueError``."""
+    if "```" in command:
+        raise ValueError(f"a command with a triple backtick cannot be fenced: {command!r:.80}")
+    return f"```bash\n{command}\n```"
+
+
+def shell_reply(command: str, submit: str = "SUBMIT") -> str:
+    """A scripted shell-task reply: the submit word alone as it is, any other command
+    ``fenced``."""
+    return command if command == submit else fenced(command)
 
 
 _PROBLEM = re.compile(r"Compute (-?\d+) ([+*-]) (-?\d+)")

@@ -14,6 +14,7 @@ import pytest
 from llenvs_async import ScriptedBackend, TrajectoryRunner
 from llenvs_async.adapters.harbor import HarborAdapter, harbor_restore
 from llenvs_async.docker.ownership import Owner, checkable, process_alive
+from llenvs_async.policies import shell_reply
 from llenvs_async.types import GenerationRequest, SamplingParams, State
 
 from . import _envs
@@ -40,7 +41,7 @@ async def saved_states() -> tuple[list[State], list[str]]:
 
 def policy(solution: list[str]) -> Any:
     def act(request: GenerationRequest) -> str:
-        return solution[request.step] if request.step < len(solution) else "SUBMIT"
+        return shell_reply(solution[request.step] if request.step < len(solution) else "SUBMIT")
 
     return act
 

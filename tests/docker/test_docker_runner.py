@@ -17,6 +17,7 @@ from llenvs_async.backends.scripted import ScriptedBackend
 from llenvs_async.docker import DockerEngine, DockerEnvironment, reap_orphans
 from llenvs_async.docker.ownership import OWNER_LABEL
 from llenvs_async.env import replay_restore
+from llenvs_async.policies import fenced, shell_reply
 from llenvs_async.types import SamplingParams
 
 N = 16
@@ -25,8 +26,10 @@ VERIFY = 'test "$(cat /tmp/out)" -gt 0'
 
 def solver(request: GenerationRequest) -> str:
     """Write the task's double, look at it, submit."""
-    return {0: f"echo $(( {request.task} * 2 + 1 )) > /tmp/out", 1: "cat /tmp/out"}.get(
-        request.step, "SUBMIT"
+    return shell_reply(
+        {0: f"echo $(( {request.task} * 2 + 1 )) > /tmp/out", 1: "cat /tmp/out"}.get(
+            request.step, "SUBMIT"
+        )
     )
 
 
@@ -106,7 +109,7 @@ async def test_cancelling_the_awaiting_task_leaves_nothing(
 
     def hang(request: GenerationRequest) -> str:
         stepping.set()
-        return "sleep 1000"
+        return fenced("sleep 1000")
 
     runner = _runner(engine, template, hang, command_timeout=None)
     task = asyncio.create_task(runner.run_batch(list(range(N))))
@@ -125,13 +128,14 @@ CHILD = textwrap.dedent(
     from llenvs_async import TrajectoryRunner
     from llenvs_async.backends.scripted import ScriptedBackend
     from llenvs_async.docker import DockerEngine, DockerEnvironment
+    from llenvs_async.policies import fenced
 
     async def main():
         async with DockerEngine() as engine:
             def policy(request):
                 if request.step == 0:
                     print("RUNNING", flush=True)
-                return "sleep 1000"
+                return fenced("sleep 1000")
             factory = DockerEnvironment.factory(image={image!r}, engine=engine,
                                                 command_timeout=None)
             runner = TrajectoryRunner(environment=await factory(),

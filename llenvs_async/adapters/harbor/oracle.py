@@ -1,15 +1,19 @@
 """Harbor's oracle as a policy: each task's solution (``solve.sh``; a multi-step task's step
 solutions with ``SUBMIT`` between them), then ``SUBMIT``; with probability ``epsilon`` a
-mistake in the task's working directory instead (``OraclePolicy``'s seeded draws).
+mistake in the task's working directory instead (``OraclePolicy``'s seeded draws). The
+policy replies as a model must: a command as one fenced block, ``SUBMIT`` alone
+(``shell_reply``); the commands themselves (``next_solution_command``, ``harbor_mistakes``,
+``HARBOR_DESTRUCTIVE``) stay plain, for forced and candidate actions.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 import shlex
 from collections.abc import Callable, Sequence
 
-from ...policies import OraclePolicy
+from ...policies import OraclePolicy, shell_reply
 from ...types import GenerationRequest
 from .dataset import HarborDataset
 from .steps import oracle_actions
@@ -48,15 +52,29 @@ def next_solution_command(
     """The first solution command not yet run (in order) in the conversation, else ``submit``.
 
     Commands that are not the expected next one (mistakes) are skipped over, so the
-    oracle carries on with the solution after a wrong command.
+    oracle carries on with the solution after a wrong command. A command counts as run
+    whether the conversation shows it plain (a forced action) or ``fenced`` (a reply).
     """
     done = 0
     for message in request.messages:
         if message.role != "assistant" or done == len(solution):
             continue
-        if message.content.strip() == solution[done]:
+        if _shows(message.content.strip(), solution[done]):
             done += 1
     return solution[done] if done < len(solution) else submit
+
+
+_ONE_BLOCK = re.compile(r"```[^\n`]*\n(.*)\n```", re.DOTALL)
+
+
+def _shows(content: str, command: str) -> bool:
+    """An assistant message's stripped ``content`` is ``command``: plain (a forced action
+    written as is) or as the whole of one fenced block (a reply, or a forced action the
+    conversation renders fenced)."""
+    if content == command:
+        return True
+    block = _ONE_BLOCK.fullmatch(content)
+    return block is not None and block[1].strip() == command.strip()
 
 
 def harbor_oracle(
@@ -70,14 +88,15 @@ def harbor_oracle(
     """Harbor tasks: runs ``solution_of(task)`` (``HarborTask.solution_commands``: solve.sh
     whole, as one action), then ``submit``; a mistake is one of ``mistakes`` (or
     ``mistakes(task)``, e.g. ``harbor_mistakes`` of the task's workdir) or an early ``submit``.
+    Every reply is ``shell_reply``'s: a command fenced, ``submit`` alone.
     """
 
     def options(request: GenerationRequest) -> Sequence[str]:
         chosen = mistakes(request.task) if callable(mistakes) else mistakes
-        return (*chosen, submit)
+        return tuple(shell_reply(c, submit) for c in (*chosen, submit))
 
     return OraclePolicy(
-        lambda r: next_solution_command(r, solution_of(r.task), submit),
+        lambda r: shell_reply(next_solution_command(r, solution_of(r.task), submit), submit),
         options,
         epsilon=epsilon,
         seed=seed,

@@ -16,6 +16,7 @@ from llenvs_async.docker.engine import DockerEngine
 from llenvs_async.docker.images import BASE_IMAGE, ensure_base_image
 from llenvs_async.docker.ownership import OWNER_LABEL
 from llenvs_async.errors import DockerUnavailableError
+from llenvs_async.policies import shell_reply
 from llenvs_async.types import GenerationRequest
 from tests._support import require_built_images
 
@@ -111,10 +112,10 @@ async def adapter(tmp_path: Path, docker_engine: DockerEngine) -> AsyncIterator[
 
 
 def solution_policy(task: HarborTask) -> Callable[[GenerationRequest], str]:
-    """A scripted agent: the task's solution commands by step, then ``SUBMIT``."""
+    """A scripted agent: the task's solution commands by step (fenced), then ``SUBMIT``."""
     commands = task.solution_commands()
 
     def policy(request: GenerationRequest) -> str:
-        return commands[request.step] if request.step < len(commands) else "SUBMIT"
+        return shell_reply(commands[request.step] if request.step < len(commands) else "SUBMIT")
 
     return policy

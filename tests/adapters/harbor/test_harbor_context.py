@@ -6,6 +6,7 @@ import pytest
 
 from llenvs_async import GenerationRequest, ScriptedBackend, TrajectoryRunner
 from llenvs_async.adapters.harbor import HarborAdapter, HarborEnvironment, harbor_restore
+from llenvs_async.policies import shell_reply
 
 from .conftest import EXAMPLES
 
@@ -19,7 +20,7 @@ async def test_restored_harbor_rollout_sends_the_original_messages(adapter: Harb
 
     def agent(request: GenerationRequest) -> str:
         sent.setdefault(request.step, request.messages)
-        return COMMANDS[request.step] if request.step < len(COMMANDS) else "SUBMIT"
+        return shell_reply(COMMANDS[request.step] if request.step < len(COMMANDS) else "SUBMIT")
 
     async def factory() -> HarborEnvironment:
         return await adapter.get_environment(EXAMPLES, max_steps=10)
@@ -43,8 +44,9 @@ async def test_restored_harbor_rollout_sends_the_original_messages(adapter: Harb
         assert again.error is None
         assert first[0] == sent[k]
         texts = [m.content for m in first[0]]
-        assert texts[0] == "You are a shell agent." and texts[2] == COMMANDS[0]
-        assert texts[6] == COMMANDS[2] and texts[7] == "draft"  # what `cat notes.txt` showed
+        assert texts[0] == "You are a shell agent." and texts[2] == shell_reply(COMMANDS[0])
+        assert texts[6] == shell_reply(COMMANDS[2])
+        assert texts[7] == "draft"  # what `cat notes.txt` showed
         assert len(texts) == 2 + 2 * k
     finally:
         await env.aclose()

@@ -22,6 +22,7 @@ from llenvs_async.docker.engine import DockerEngine
 from llenvs_async.docker.ownership import current_owner
 from llenvs_async.docker.snapshots import list_snapshot_images
 from llenvs_async.errors import ContinuationPromptError, RestoreError
+from llenvs_async.policies import fenced
 from llenvs_async.types import (
     Action,
     Completion,
@@ -169,7 +170,7 @@ async def test_with_b_rollouts_from_one_state_the_prefix_is_replayed_once(
     restore = SnapshotRestore()
     async with TrajectoryRunner(
         environment=live,
-        backend=ScriptedBackend(lambda request: "cat /app/log"),
+        backend=ScriptedBackend(lambda request: fenced("cat /app/log")),
         env_factory=env_factory,
         restore_fn=restore,
     ) as runner:
@@ -209,7 +210,7 @@ class ProbingBackend:
             raise TypeError("a bug in the backend")
         if self.ending == "cancel":
             await asyncio.Event().wait()
-        return [Completion(text="ls") for _ in requests]
+        return [Completion(text=fenced("ls")) for _ in requests]
 
     async def aclose(self) -> None:
         return None

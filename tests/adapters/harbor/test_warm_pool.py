@@ -11,6 +11,7 @@ from llenvs_async import ScriptedBackend, TrajectoryRunner
 from llenvs_async.adapters.harbor import HarborAdapter, HarborEnvironment, harbor_restore
 from llenvs_async.docker.engine import DockerEngine
 from llenvs_async.docker.pool import POOL_LABEL
+from llenvs_async.policies import fenced
 
 from .conftest import EXAMPLES, harbor_containers, solution_policy
 
@@ -56,7 +57,7 @@ async def test_a_cancelled_run_with_a_warm_pool_leaves_no_container(
 
         async def slow(request):  # type: ignore[no-untyped-def]
             await asyncio.sleep(0.05)
-            return "sleep 0.1"
+            return fenced("sleep 0.1")
 
         async with await factory() as env:
             runner = TrajectoryRunner(env, ScriptedBackend(slow), env_factory=factory)
