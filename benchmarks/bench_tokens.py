@@ -135,7 +135,7 @@ async def token_round(frame: ChatFrame, case: Case, turn: int, base: tuple[int, 
 
     def work() -> list[tuple[int, ...]]:
         return [
-            frame.observation(ids[turn - 1], ChatMessage(role="user", content=obs[turn - 1]))
+            frame.observation(ids[turn - 1], [ChatMessage(role="user", content=obs[turn - 1])])
             for ids, obs in zip(case.sampled, case.observations, strict=True)
         ]
 

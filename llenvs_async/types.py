@@ -537,6 +537,9 @@ class Trajectory:
     """A finished rollout: its start, its transitions, and its error if it failed.
 
     ``index`` is the position of the rollout's input in the batch that produced it.
+    ``end_reward`` is the verifier's reward for a stop the runner made before any step
+    (a start prompt over the context window); a verified stop after a step is folded
+    into that step's reward.
     """
 
     episode_id: str
@@ -546,13 +549,14 @@ class Trajectory:
     index: int | None = None
     stop_reason: StopReason = "unfinished"
     info: Mapping[str, Any] = field(default_factory=_empty)
+    end_reward: float = 0.0
 
     @property
     def total_reward(self) -> float:
-        return sum(t.reward for t in self.transitions)
+        return sum(t.reward for t in self.transitions) + self.end_reward
 
     def discounted_return(self, gamma: float = 1.0) -> float:
-        total = 0.0
+        total = self.end_reward
         for t in reversed(self.transitions):
             total = t.reward + gamma * total
         return total
@@ -568,7 +572,9 @@ class Trajectory:
     @property
     def success(self) -> bool:
         """True when the rollout did not fail and its final reward is >= 1.0."""
-        return self.error is None and bool(self.transitions) and self.transitions[-1].reward >= 1.0
+        if self.error is not None:
+            return False
+        return (self.transitions[-1].reward if self.transitions else self.end_reward) >= 1.0
 
     @property
     def actions(self) -> tuple[Action, ...]:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import cast
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from .._shield import shielded
@@ -39,6 +39,12 @@ class BackendOptions:
     max_tokens: int
     token_mode: bool = False
     tokenizer: str | None = None
+    chat_template_kwargs: Mapping[str, Any] | None = None
+    keep_reasoning: bool = False
+    tool_choice: str | None = None
+    system_prompt: str | None = None  # the text of --system-prompt
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
 
     def check(self) -> None:
         """Validate flag combinations before anything is started."""
@@ -63,6 +69,16 @@ class BackendOptions:
             raise CliError(f"--tokenizer {self.tokenizer!r} is not a directory")
         if self.temperature < 0 or self.max_tokens < 1:
             raise CliError("--temperature must be >= 0 and --max-tokens >= 1")
+        if self.tool_choice not in (None, "auto", "required", "none"):
+            raise CliError(
+                f"--tool-choice must be auto, required or none, got {self.tool_choice!r}"
+            )
+        parsers = self.tool_call_parser is not None or self.reasoning_parser is not None
+        if parsers and self.kind is not BackendKind.vllm:
+            raise CliError(
+                "--tool-call-parser and --reasoning-parser configure the in-process engine "
+                "(--backend vllm); a server parses with its own `vllm serve` flags"
+            )
 
     @property
     def sampling_params(self) -> SamplingParams:
@@ -86,11 +102,24 @@ def build_backend(options: BackendOptions, source: Source) -> Backend:
             api_key=os.environ.get("OPENAI_API_KEY"),
             mode="completions" if options.token_mode else "chat",
             tokenizer=options.tokenizer,
+            # Chat mode: the server applies the template (token mode: the runner does).
+            extra_body=_template_body(options),
         )
     from ..backends.vllm import VLLMBackend
 
     # Without vLLM installed this raises BackendError naming the extra to install.
-    return VLLMBackend(model=options.model)
+    return VLLMBackend(
+        model=options.model,
+        tool_call_parser=options.tool_call_parser,
+        reasoning_parser=options.reasoning_parser,
+    )
+
+
+def _template_body(options: BackendOptions) -> dict[str, Any] | None:
+    kwargs = options.chat_template_kwargs
+    if not kwargs or options.token_mode:
+        return None
+    return {"chat_template_kwargs": dict(kwargs)}
 
 
 @contextlib.asynccontextmanager
@@ -122,8 +151,10 @@ async def open_runner(
         source.environment, backend, options.sampling_params,
         env_factory=source.env_factory, restore_fn=restore_fn,
         max_steps=source.spec.max_steps,
-        system_prompt=None if scripted else source.system_prompt,
+        system_prompt="" if scripted else (options.system_prompt or source.system_prompt),
         token_mode=options.token_mode, schedule=cast(Schedule, schedule),
+        chat_template_kwargs=options.chat_template_kwargs if options.token_mode else None,
+        tool_choice=options.tool_choice, keep_reasoning=options.keep_reasoning,
     )  # fmt: skip
     try:
         yield runner

@@ -11,6 +11,7 @@ from ..adapters.harbor import (
     harbor_restore,
     start_at_step,
 )
+from ..adapters.harbor.environment import DEFAULT_COMMAND_TIMEOUT_SEC
 from ..adapters.harbor.oracle import dataset_oracle
 from ..docker.engine import DockerEngine
 from ..env import Environment
@@ -21,17 +22,11 @@ from ._source_types import Source, SourceSpec, TaskRef
 
 __all__ = [
     "DEFAULT_MAX_STEPS",
-    "SYSTEM_PROMPT",
     "describe",
     "open_harbor",
 ]
 
 DEFAULT_MAX_STEPS = 30
-SYSTEM_PROMPT = (
-    "You are an agent working in a Linux shell to complete the task you are given. "
-    "Each reply is ONE shell command in a ```bash fenced block; you will see its output. "
-    "When the task is complete, reply with the single word SUBMIT."
-)
 
 
 def describe(task: HarborTask) -> str:
@@ -55,10 +50,15 @@ async def open_harbor(spec: SourceSpec) -> Source:
         provision_index_url=options.provision_index_url,
         runtime="gvisor" if options.runtime == "gvisor" else "runc",
         artifacts_dir=options.artifacts_dir,
+        action_format=options.action_format,
+        max_format_errors=options.max_format_errors,
+        max_observation_chars=options.observation_chars,
     )
     dataset = await adapter.get_dataset(spec.dataset)
     max_steps = spec.max_steps or DEFAULT_MAX_STEPS
-    command_timeout: float | Literal["task"] = options.command_timeout or "task"
+    command_timeout: float | Literal["task"] = (
+        options.command_timeout or DEFAULT_COMMAND_TIMEOUT_SEC
+    )
 
     async def factory() -> Environment:
         return await adapter.get_environment(
@@ -90,6 +90,6 @@ async def open_harbor(spec: SourceSpec) -> Source:
 
     return Source(
         spec=spec, environment=await factory(), env_factory=factory, restore_fn=harbor_restore,
-        tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT, preflight=preflight,
+        tasks=tasks, oracle=oracle, preflight=preflight,
         start=start, close=adapter.aclose,
     )  # fmt: skip

@@ -2,18 +2,30 @@
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
+from ..docker.shell_task import DEFAULT_MAX_OBSERVATION_CHARS
+from ..protocols import PROTOCOLS
 from ._backend import BackendKind, BackendOptions
 from ._common import CliError
 from ._source_types import HarborOptions
 
 __all__ = [
+    "ActionFormatOpt",
     "AllowNetworkOpt",
+    "ChatTemplateKwargsOpt",
+    "KeepReasoningOpt",
+    "MaxFormatErrorsOpt",
+    "ObservationCharsOpt",
+    "ReasoningParserOpt",
+    "SystemPromptOpt",
+    "ToolCallParserOpt",
+    "ToolChoiceOpt",
     "BackendOpt",
     "BaseImageOpt",
     "BuildCaBundleOpt",
@@ -38,6 +50,8 @@ __all__ = [
     "TokenizerOpt",
     "SeedOpt",
     "TemperatureOpt",
+    "DEFAULT_MAX_OBSERVATION_CHARS",
+    "DEFAULT_MAX_TOKENS",
     "backend_options",
     "harbor_options",
 ]
@@ -65,7 +79,58 @@ EpsilonOpt = Annotated[
 ]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the scripted policy and sampling.")]
 TemperatureOpt = Annotated[float, typer.Option("--temperature", help="Sampling temperature.")]
-MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", help="Tokens per generated action.")]
+MaxTokensOpt = Annotated[
+    int,
+    typer.Option(
+        "--max-tokens",
+        help="Tokens per generated action, clamped to what the context window leaves "
+        "(the default leaves a reasoning model room to think).",
+    ),
+]
+DEFAULT_MAX_TOKENS = 4096
+ActionFormatOpt = Annotated[
+    str,
+    typer.Option(
+        "--action-format",
+        help="How replies become commands: text (one fenced block, or the submit word) or "
+        "tools (native bash/submit tool calls).",
+    ),
+]
+MaxFormatErrorsOpt = Annotated[
+    int,
+    typer.Option("--max-format-errors", help="Consecutive unparseable replies that end a rollout."),
+]
+ObservationCharsOpt = Annotated[
+    int,
+    typer.Option("--observation-chars", help="Characters of a command's output shown (head+tail)."),
+]
+SystemPromptOpt = Annotated[
+    Path | None,
+    typer.Option("--system-prompt", help="A file whose text replaces the format's system prompt."),
+]
+ChatTemplateKwargsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--chat-template-kwargs",
+        help="JSON object for the chat template, e.g. '{\"enable_thinking\": false}'.",
+    ),
+]
+KeepReasoningOpt = Annotated[
+    bool,
+    typer.Option("--keep-reasoning", help="Chat mode: re-send earlier turns' reasoning."),
+]
+ToolChoiceOpt = Annotated[
+    str | None,
+    typer.Option("--tool-choice", help="With --action-format tools: auto, required or none."),
+]
+ToolCallParserOpt = Annotated[
+    str | None,
+    typer.Option("--tool-call-parser", help="--backend vllm: vLLM's tool parser, e.g. hermes."),
+]
+ReasoningParserOpt = Annotated[
+    str | None,
+    typer.Option("--reasoning-parser", help="--backend vllm: vLLM's reasoning parser, e.g. qwen3."),
+]
 
 
 class ScheduleKind(StrEnum):
@@ -189,15 +254,46 @@ def backend_options(
     max_tokens: int,
     token_mode: bool = False,
     tokenizer: str | None = None,
+    *,
+    chat_template_kwargs: str | None = None,
+    keep_reasoning: bool = False,
+    tool_choice: str | None = None,
+    system_prompt: Path | None = None,
+    tool_call_parser: str | None = None,
+    reasoning_parser: str | None = None,
 ) -> BackendOptions:
     """Bundle and validate the backend flags."""
     options = BackendOptions(
         kind=backend, model=model, base_url=base_url, epsilon=epsilon, seed=seed,
         temperature=temperature, max_tokens=max_tokens, token_mode=token_mode,
-        tokenizer=tokenizer,
+        tokenizer=tokenizer, chat_template_kwargs=_json_object(chat_template_kwargs),
+        keep_reasoning=keep_reasoning, tool_choice=tool_choice,
+        system_prompt=_read_prompt(system_prompt), tool_call_parser=tool_call_parser,
+        reasoning_parser=reasoning_parser,
     )  # fmt: skip
     options.check()
     return options
+
+
+def _json_object(text: str | None) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"--chat-template-kwargs: not JSON ({exc}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise CliError(f"--chat-template-kwargs must be a JSON object, got {text!r}")
+    return value
+
+
+def _read_prompt(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return path.expanduser().read_text()
+    except OSError as exc:
+        raise CliError(f"--system-prompt {str(path)!r}: {exc.strerror or exc}") from None
 
 
 def harbor_options(
@@ -211,6 +307,10 @@ def harbor_options(
     artifacts_dir: Path | None = None,
     start_step: str | None = None,
     provision_index_url: str | None = None,
+    *,
+    action_format: str = "text",
+    max_format_errors: int = 3,
+    observation_chars: int = DEFAULT_MAX_OBSERVATION_CHARS,
 ) -> HarborOptions:
     """Bundle and validate the Harbor flags."""
     from ..adapters.harbor.image import parse_alias
@@ -240,10 +340,20 @@ def harbor_options(
         artifacts_dir = artifacts_dir.expanduser().resolve()
     if start_step is not None and not start_step.strip():
         raise CliError("--start-step needs a step name")
+    if action_format not in PROTOCOLS:
+        raise CliError(
+            f"--action-format must be one of {', '.join(PROTOCOLS)}, got {action_format!r}"
+        )
+    if max_format_errors < 1:
+        raise CliError(f"--max-format-errors must be >= 1, got {max_format_errors}")
+    if observation_chars < 64:
+        raise CliError(f"--observation-chars must be >= 64, got {observation_chars}")
     return HarborOptions(
         base_images=tuple(pairs), build_network=build_network, build_ca_bundle=build_ca_bundle,
         allow_network=allow_network, command_timeout=command_timeout,
         provision_verifier=provision_verifier, runtime=runtime,
         artifacts_dir=None if artifacts_dir is None else str(artifacts_dir),
         start_step=start_step, provision_index_url=provision_index_url,
+        action_format=action_format, max_format_errors=max_format_errors,
+        observation_chars=observation_chars,
     )  # fmt: skip

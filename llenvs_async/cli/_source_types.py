@@ -32,7 +32,7 @@ class HarborOptions:
     build_ca_bundle: str | None = None
     allow_network: bool = False
     command_timeout: float | None = None
-    """Seconds per command; ``None``: the task's ``[agent].timeout_sec``."""
+    """Seconds per command (``None``: 180 s, within the task's budget)."""
     provision_verifier: bool = False
     provision_index_url: str | None = None
     """The index ``--provision-verifier`` downloads from (``--provision-index-url``)."""
@@ -42,6 +42,12 @@ class HarborOptions:
     """Where verified episodes' artifacts are kept (``--artifacts-dir``); None: not kept."""
     start_step: str | None = None
     """Multi-step tasks: the step every rollout starts at (``--start-step``)."""
+    action_format: str = "text"
+    """``text`` or ``tools`` (``--action-format``)."""
+    max_format_errors: int = 3
+    """Consecutive unparseable replies that end a rollout (``--max-format-errors``)."""
+    observation_chars: int = 10_000
+    """Characters of one command's output shown to the model (``--observation-chars``)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -55,6 +61,9 @@ class HarborOptions:
             "runtime": self.runtime,
             "artifacts_dir": self.artifacts_dir,
             "start_step": self.start_step,
+            "action_format": self.action_format,
+            "max_format_errors": self.max_format_errors,
+            "observation_chars": self.observation_chars,
         }
 
     @classmethod
@@ -75,6 +84,9 @@ class HarborOptions:
             runtime=str(data.get("runtime", "runc")),
             artifacts_dir=data.get("artifacts_dir"),
             start_step=data.get("start_step"),
+            action_format=str(data.get("action_format", "text")),
+            max_format_errors=int(data.get("max_format_errors", 3)),
+            observation_chars=int(data.get("observation_chars", 10_000)),
         )
 
 

@@ -76,7 +76,7 @@ def q_values(
     epsilon: opt.EpsilonOpt = 0.0,
     seed: opt.SeedOpt = 0,
     temperature: opt.TemperatureOpt = 1.0,
-    max_tokens: opt.MaxTokensOpt = 512,
+    max_tokens: opt.MaxTokensOpt = opt.DEFAULT_MAX_TOKENS,
     plot: Annotated[
         Path | None, typer.Option("--plot", help="PNG path (default: RESULTS with .q.png).")
     ] = None,
@@ -210,7 +210,8 @@ def _matches(task: int | str, selectors: list[str]) -> bool:
 
 
 def _taken_at(state: State, task: int | str, records: list[ResultRecord]) -> tuple[str, ...]:
-    """The actions the file's trajectories of ``task`` took from ``state``'s action prefix."""
+    """The actions the file's trajectories of ``task`` took from ``state``'s action prefix:
+    the command a shell step ran (a candidate is a command as written), else the text."""
     prefix = [a.text for a in state.actions]
     out = []
     for record in records:
@@ -219,7 +220,8 @@ def _taken_at(state: State, task: int | str, records: list[ResultRecord]) -> tup
             continue
         here = transitions[state.step]
         if [a.text for a in here.state.actions] == prefix:
-            out.append(here.action.text)
+            command = here.info.get("command")
+            out.append(command if isinstance(command, str) else here.action.text)
     return tuple(out)
 
 

@@ -62,9 +62,18 @@ def run(
     epsilon: opt.EpsilonOpt = 0.0,
     seed: opt.SeedOpt = 0,
     temperature: opt.TemperatureOpt = 1.0,
-    max_tokens: opt.MaxTokensOpt = 512,
+    max_tokens: opt.MaxTokensOpt = opt.DEFAULT_MAX_TOKENS,
     token_mode: opt.TokenModeOpt = False,
     tokenizer: opt.TokenizerOpt = None,
+    action_format: opt.ActionFormatOpt = "text",
+    max_format_errors: opt.MaxFormatErrorsOpt = 3,
+    observation_chars: opt.ObservationCharsOpt = opt.DEFAULT_MAX_OBSERVATION_CHARS,
+    system_prompt: opt.SystemPromptOpt = None,
+    chat_template_kwargs: opt.ChatTemplateKwargsOpt = None,
+    keep_reasoning: opt.KeepReasoningOpt = False,
+    tool_choice: opt.ToolChoiceOpt = None,
+    tool_call_parser: opt.ToolCallParserOpt = None,
+    reasoning_parser: opt.ReasoningParserOpt = None,
     quiet: opt.QuietOpt = False,
     base_image: opt.BaseImageOpt = None,
     build_network: opt.BuildNetworkOpt = False,
@@ -82,11 +91,16 @@ def run(
     harbor = opt.harbor_options(
         base_image, build_network, build_ca_bundle, allow_network, command_timeout,
         provision_verifier, runtime, artifacts_dir, start_step, provision_index_url,
+        action_format=action_format, max_format_errors=max_format_errors,
+        observation_chars=observation_chars,
     )  # fmt: skip
     spec = SourceSpec.from_flags(dataset, env, max_steps, harbor)
     options = opt.backend_options(
-        backend, model, base_url, epsilon, seed, temperature, max_tokens, token_mode, tokenizer
-    )
+        backend, model, base_url, epsilon, seed, temperature, max_tokens, token_mode, tokenizer,
+        chat_template_kwargs=chat_template_kwargs, keep_reasoning=keep_reasoning,
+        tool_choice=tool_choice, system_prompt=system_prompt, tool_call_parser=tool_call_parser,
+        reasoning_parser=reasoning_parser,
+    )  # fmt: skip
     if rollouts < 1 or n_concurrent < 1:
         raise CliError("--rollouts and --n-concurrent must be >= 1")
     skip = _existing_keys(out, spec, resume=resume, retry_failed=retry_failed, force=force)

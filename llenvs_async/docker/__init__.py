@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from .container import DEFAULT_CAP_DROP, Container, ContainerSpec
 from .engine import DockerEngine
-from .environment import DockerEnvironment, extract_command, format_observation
+from .environment import DockerEnvironment, format_observation
 from .output import CommandResult
 from .ownership import OWNER_LABEL, SESSION_LABEL
 from .reaper import ReapedContainer, reap_orphans, remove_own_containers_sync
@@ -52,7 +52,6 @@ __all__ = [
     "ShellTaskEnvironment",
     "ensure_base_image",
     "ensure_busybox_image",
-    "extract_command",
     "format_observation",
     "import_rootfs",
     "reap_orphans",

@@ -1,7 +1,7 @@
 """`DockerEnvironment`: a generic shell task (image, instruction, verify command -> reward).
 
-The step rules (submit, max_steps, verify on truncation, observations, info keys) are
-``ShellTaskEnvironment``'s, shared with ``HarborEnvironment``.
+The step rules (the action format, submit, max_steps, format errors, verify on truncation,
+observations, info keys) are ``ShellTaskEnvironment``'s, shared with ``HarborEnvironment``.
 """
 
 from __future__ import annotations
@@ -13,18 +13,24 @@ from typing import TYPE_CHECKING, Any, Literal
 from .._shield import shielded
 from ..env import new_episode_id
 from ..errors import EnvError
+from ..protocols import AgentProtocol
 from ..types import Observation, State
 from .container import Container, ContainerSpec
 from .engine import DockerEngine
 from .output import CommandResult
 from .pool import WarmPool
 from .shell import ShellKind, ShellSession
-from .shell_task import ShellTaskEnvironment, extract_command, format_observation
+from .shell_task import (
+    DEFAULT_MAX_OBSERVATION_CHARS,
+    ShellTaskEnvironment,
+    capped_timeout,
+    format_observation,
+)
 
 if TYPE_CHECKING:
     from ..sandbox.sandbox import Sandbox
 
-__all__ = ["DockerEnvironment", "extract_command", "format_observation"]
+__all__ = ["DockerEnvironment", "format_observation"]
 
 
 class DockerEnvironment(ShellTaskEnvironment):
@@ -54,11 +60,19 @@ class DockerEnvironment(ShellTaskEnvironment):
         shell: ShellKind = "auto",
         pool: WarmPool | None = None,
         runtime: Literal["runc", "gvisor"] = "runc",
+        action_format: str | AgentProtocol = "text",
+        max_format_errors: int | None = 3,
+        max_observation_chars: int | None = DEFAULT_MAX_OBSERVATION_CHARS,
+        system_prompt: str | None = None,
     ) -> None:
         super().__init__(
             max_steps=max_steps,
             submit_keyword=submit_keyword,
             verify_on_truncation=verify_on_truncation,
+            action_format=action_format,
+            max_format_errors=max_format_errors,
+            max_observation_chars=max_observation_chars,
+            system_prompt=system_prompt,
         )
         self.spec = dataclasses.replace(spec, image=image) if spec else ContainerSpec(image=image)
         self.instruction = instruction
@@ -148,10 +162,13 @@ class DockerEnvironment(ShellTaskEnvironment):
             info={"container_id": container.id},
         )
 
-    async def _run_command(self, command: str) -> tuple[CommandResult, float | None]:
+    async def _run_command(
+        self, command: str, timeout_sec: float | None = None
+    ) -> tuple[CommandResult, float | None]:
         if self._session is None or self._container is None:
             raise EnvError("DockerEnvironment.step() before reset()")
-        return await self._session.run(command, timeout=self.command_timeout), self.command_timeout
+        timeout = capped_timeout(self.command_timeout, timeout_sec)
+        return await self._session.run(command, timeout=timeout), timeout
 
     async def _verify_episode(self) -> tuple[float, Mapping[str, Any]]:
         """Run the verify command in a fresh exec; reward 1.0 when it exits 0."""

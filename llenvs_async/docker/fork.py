@@ -38,7 +38,7 @@ import re
 import shlex
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -47,13 +47,12 @@ from .._resource import AsyncResource
 from .._shield import shielded
 from ..env import Environment
 from ..errors import ClosedError, ContainerError, EnvError, LlenvsError, RestoreError
-from ..types import State
+from ..types import Action, State
 from .container import Container
 from .engine import DockerEngine
 from .images import tag_slug
 from .ownership import new_session_id
 from .shell import ShellSession
-from .shell_task import extract_command
 from .snapshots import register_snapshot_backstop, remove_image, snapshot_labels
 
 if TYPE_CHECKING:
@@ -152,9 +151,10 @@ class _Checkpointed:
 _Outcome = _Snapshot | _Fallback | _Checkpointed
 
 
-def prefix_digest(state: State) -> str:
-    """SHA-256 of the commands ``state.actions`` run (what the container state depends on)."""
-    commands = [extract_command(action.text) for action in state.actions]
+def prefix_digest(state: State, commands_of: Callable[[Action], Sequence[str]]) -> str:
+    """SHA-256 of the commands ``state.actions`` run (what the container state depends on),
+    as the environment's protocol reads them (``commands_of``)."""
+    commands = [list(commands_of(action)) for action in state.actions]
     return hashlib.sha256(json.dumps(commands).encode()).hexdigest()
 
 

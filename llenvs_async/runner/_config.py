@@ -65,6 +65,8 @@ class RunConfig:
     stats: RunnerStats
     tokens: TokenPrompts | None = None  # token mode
     tools: tuple[Mapping[str, Any], ...] = ()  # offered to the model on every request
+    tool_choice: str | Mapping[str, Any] | None = None
+    keep_reasoning: bool = False  # chat mode: re-send earlier turns' reasoning
     coalesce_window: float = COALESCE_WINDOW  # the async schedule's batching window (s)
 
     @property

@@ -17,7 +17,14 @@ from ._slots import Slots
 from ._source import InputSource
 from ._tokens import token_mismatch
 
-__all__ = ["SCHEDULES", "Schedule", "generate_actions", "run_rollouts", "step_rollout"]
+__all__ = [
+    "SCHEDULES",
+    "Schedule",
+    "generate_actions",
+    "run_rollouts",
+    "step_rollout",
+    "verify_stop",
+]
 
 Schedule = Literal["refill", "chunks", "async"]
 SCHEDULES: tuple[Schedule, ...] = ("refill", "chunks", "async")
@@ -134,7 +141,9 @@ async def generate_actions(rollouts: Sequence[Rollout], cfg: RunConfig) -> None:
     stops) that rollout alone.
     """
     base_seed = cfg.sampling_params.seed
-    requests = [r.request(cfg.prompt_builder, base_seed, cfg.tools) for r in rollouts]
+    requests = [
+        r.request(cfg.prompt_builder, base_seed, cfg.tools, cfg.tool_choice) for r in rollouts
+    ]
     cfg.stats.generate_calls += 1
     try:
         completions = await cfg.backend.generate(requests, cfg.sampling_params)
@@ -164,6 +173,11 @@ async def generate_actions(rollouts: Sequence[Rollout], cfg: RunConfig) -> None:
         )
         rollout.pending_completion = completion
         rollout.generate_sec = done - rollout.asked  # from ready to ask: batching waits too
+    stopped = [r for r in rollouts if r.stop_reason == "context_length"]
+    if stopped:
+        async with asyncio.TaskGroup() as tg:
+            for rollout in stopped:
+                tg.create_task(verify_stop(rollout, cfg))
 
 
 async def step_rollout(rollout: Rollout, cfg: RunConfig, closer: Closer) -> None:
@@ -215,9 +229,34 @@ async def step_rollout(rollout: Rollout, cfg: RunConfig, closer: Closer) -> None
             ended=result.terminated,
             cut=result.truncated,
             env_max_steps=env.max_steps,
+            keep_reasoning=cfg.keep_reasoning,
         )
+        if rollout.stop_reason == "max_steps":
+            await verify_stop(rollout, cfg)
     if rollout.finished:
         closer.close(rollout)  # in the background: the next round does not wait for it
+
+
+async def verify_stop(rollout: Rollout, cfg: RunConfig) -> None:
+    """A stop the runner made (the context window, its ``max_steps``) is verified like the
+    environment's own stops, when the environment has a verifier (``verify_stop``); the
+    verdict goes on the last step. A failed verification fails the rollout."""
+    env, state = rollout.env, rollout.state
+    verify = getattr(env, "verify_stop", None)
+    if env is None or state is None or state.done or verify is None:
+        return
+    reason = rollout.stop_reason
+    try:
+        async with asyncio.timeout(cfg.step_timeout):
+            verdict = await verify(state, reason)
+    except Exception as exc:
+        if is_programming_error(exc):
+            raise
+        rollout.fail(exc, "verify")
+        return
+    if verdict is not None:
+        reward, info = verdict
+        rollout.conclude(reward, {**info, "truncation_reason": reason})
 
 
 def _first(group: BaseExceptionGroup) -> BaseException:

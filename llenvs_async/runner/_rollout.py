@@ -27,8 +27,10 @@ __all__ = [
     "PromptBuilder",
     "Rollout",
     "RolloutInput",
+    "assistant_message",
     "conversation",
     "is_programming_error",
+    "observation_messages",
     "request_seed",
     "with_saved_history",
 ]
@@ -71,10 +73,11 @@ def request_seed(base_seed: int | None, rollout_index: int, step: int) -> int | 
     return int.from_bytes(digest, "big") & 0x7FFF_FFFF_FFFF_FFFF  # fits a signed int64
 
 
-def conversation(state: State) -> list[ChatMessage]:
+def conversation(state: State, keep_reasoning: bool = False) -> list[ChatMessage]:
     """What the policy saw up to ``state``: ``user`` = the initial observation, then per
-    step ``assistant`` = the action and ``user`` = the observation that followed. Without a
-    complete history (a state built from a bare action tuple) only its observation is known.
+    step the assistant turn (the action as the environment recorded it) and the
+    observation's turns. Without a complete history (a state built from a bare action
+    tuple) only its observation is known.
     """
     history = state.history
     if not history.complete or len(history) != len(state.actions):
@@ -83,21 +86,38 @@ def conversation(state: State) -> list[ChatMessage]:
     messages = [ChatMessage(role="user", content=history.initial.text)]
     for step in history:
         assert step.observation is not None
-        messages.append(assistant_message(step.action))
-        messages.append(observation_message(step.observation))
+        messages.append(assistant_message(step.action, step.observation, keep_reasoning))
+        messages.extend(observation_messages(step.observation))
     return messages
 
 
-def assistant_message(action: Action) -> ChatMessage:
-    return ChatMessage(role="assistant", content=action.text, tool_calls=action.tool_calls)
+def assistant_message(
+    action: Action, observation: Observation | None = None, keep_reasoning: bool = False
+) -> ChatMessage:
+    """The assistant turn of ``action``, as the environment shows it when it says so in the
+    observation that followed (``data["shown_action"]``: a command written by hand, in the
+    shape of the environment's action format); its reasoning only when kept."""
+    turn = None if observation is None else observation.data.get("shown_action")
+    if isinstance(turn, Mapping):
+        calls = tuple(turn.get("tool_calls") or ())
+        return ChatMessage(role="assistant", content=str(turn.get("content", "")), tool_calls=calls)
+    completion = action.completion
+    reasoning = completion.reasoning if keep_reasoning and completion is not None else None
+    return ChatMessage(
+        role="assistant", content=action.text, tool_calls=action.tool_calls, reasoning=reasoning
+    )
 
 
-def observation_message(observation: Observation) -> ChatMessage:
-    """``user``, or a ``tool`` reply when the observation's data names a ``tool_call_id``."""
-    call_id = observation.data.get("tool_call_id")
-    if isinstance(call_id, str):
-        return ChatMessage(role="tool", content=observation.text, tool_call_id=call_id)
-    return ChatMessage(role="user", content=observation.text)
+def observation_messages(observation: Observation) -> list[ChatMessage]:
+    """One ``tool`` message per reply when the observation answers tool calls
+    (``data["tool_replies"]``, in call order), else one ``user`` message."""
+    replies = observation.data.get("tool_replies")
+    if isinstance(replies, Sequence) and replies:
+        return [
+            ChatMessage(role="tool", content=r["content"], tool_call_id=r["tool_call_id"])
+            for r in replies
+        ]
+    return [ChatMessage(role="user", content=observation.text)]
 
 
 def with_saved_history(restored: State, saved: State) -> State:
@@ -139,10 +159,10 @@ class Rollout:
     error: ErrorInfo | None = None
     stop_reason: StopReason = "unfinished"
     episode_id: str = field(default_factory=new_episode_id)
-    # Token mode: the prompt the next request sends, and a forced first action's ids.
+    # Token mode: the prompt the next request sends.
     prompt_ids: tuple[int, ...] | None = None
-    forced_ids: tuple[int, ...] | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    end_reward: float = 0.0  # a verified stop's reward when no step carries it
     creating: bool = False  # inside the factory call (teardown lets it finish first)
     # Timing (monotonic ``_timing.clock()``): when preparation began, when the rollout last became
     # ready to ask for an action, and how long the pending action took to generate.
@@ -171,6 +191,7 @@ class Rollout:
         system_prompt: str | None,
         steps_left: int | None,
         env_max_steps: int | None,
+        keep_reasoning: bool = False,
     ) -> None:
         self.initial_state = self.state = state
         self.pending_action = self.spec.forced_action
@@ -178,7 +199,7 @@ class Rollout:
         self.steps_left = steps_left
         if system_prompt:
             self.messages.append(ChatMessage(role="system", content=system_prompt))
-        self.messages.extend(conversation(state))
+        self.messages.extend(conversation(state, keep_reasoning))
         if self.pending_action is not None and state.done:
             # Dropping the forced action would return an empty trajectory that looks like a
             # clean Q(s, a) sample of 0 although ``a`` was never taken.
@@ -199,6 +220,7 @@ class Rollout:
         builder: PromptBuilder | None,
         base_seed: int | None,
         tools: tuple[Mapping[str, Any], ...] = (),
+        tool_choice: str | Mapping[str, Any] | None = None,
     ) -> GenerationRequest:
         assert self.state is not None and self.initial_state is not None
         if builder is None:
@@ -213,16 +235,25 @@ class Rollout:
             task=self.state.task,
             seed=request_seed(base_seed, self.spec.index, self.state.step),
             tools=tools,
+            tool_choice=tool_choice if tools else None,
         )
 
     def record(
-        self, transition: Transition, *, ended: bool, cut: bool, env_max_steps: int | None
+        self,
+        transition: Transition,
+        *,
+        ended: bool,
+        cut: bool,
+        env_max_steps: int | None,
+        keep_reasoning: bool = False,
     ) -> None:
-        """Append a step; ``ended``/``cut`` are the StepResult's terminated/truncated flags."""
+        """Append a step; ``ended``/``cut`` are the StepResult's terminated/truncated flags.
+        The assistant turn is the action as the environment shows it."""
         self.transitions.append(transition)
         self.state = transition.next_state
-        self.messages.append(assistant_message(transition.action))
-        self.messages.append(observation_message(self.state.observation))
+        observation = self.state.observation
+        self.messages.append(assistant_message(transition.action, observation, keep_reasoning))
+        self.messages.extend(observation_messages(observation))
         if self.steps_left is not None:
             self.steps_left -= 1
         self.check_stop(env_max_steps, ended=ended, cut=cut)
@@ -238,6 +269,20 @@ class Rollout:
             self.stop_reason = "truncated"
         elif self.steps_left is not None and self.steps_left <= 0:
             self.stop_reason = "max_steps"
+
+    def conclude(self, reward: float, info: Mapping[str, Any]) -> None:
+        """Fold the verdict of a stop the runner made into the last step, which now ends
+        the episode (truncated); with no step, the trajectory's ``end_reward``."""
+        if not self.transitions:
+            self.end_reward = reward
+            self.info["end_verdict"] = dict(info)
+            return
+        last = self.transitions[-1]
+        next_state = replace(last.next_state, truncated=True)
+        self.transitions[-1] = replace(
+            last, reward=last.reward + reward, info={**last.info, **info}, next_state=next_state
+        )
+        self.state = next_state
 
     def fail(self, exc: BaseException, phase: str) -> None:
         self.error = ErrorInfo.from_exception(exc, phase=phase)
@@ -259,4 +304,5 @@ class Rollout:
             index=self.spec.index,
             stop_reason=self.stop_reason,
             info=dict(self.info),
+            end_reward=self.end_reward,
         )

@@ -42,8 +42,12 @@ class TrajectoryRunner(AsyncResource):
     ``token_mode=True`` keeps each rollout's prompt as token ids (see ``runner._tokens``):
     next prompt = previous prompt + sampled ids + templated observation turn, sent as
     ``prompt_token_ids``; ``chat_template_kwargs`` go to the tokenizer's chat template.
-    ``tools`` (OpenAI-format tool definitions) go on every request; a completion's tool
-    calls become ``Action.tool_calls``.
+    ``tools`` (OpenAI-format tool definitions) go on every request (with ``tool_choice``);
+    a completion's tool calls become ``Action.tool_calls``. By default the tools and the
+    system prompt are what the environment offers (a shell task's action format: its
+    ``tools`` and ``system_prompt``); ``system_prompt=""`` sends none. ``keep_reasoning``:
+    chat mode re-sends earlier turns with their reasoning (default: without, as Qwen3's
+    template does); token mode keeps every sampled id whatever this says.
     """
 
     def __init__(
@@ -64,7 +68,9 @@ class TrajectoryRunner(AsyncResource):
         instance_limit: int | None = None,
         token_mode: bool = False,
         chat_template_kwargs: Mapping[str, Any] | None = None,
-        tools: Sequence[Mapping[str, Any]] = (),
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: str | Mapping[str, Any] | None = None,
+        keep_reasoning: bool = False,
         coalesce_window: float = COALESCE_WINDOW,
     ) -> None:
         if not hasattr(environment, "step") or not hasattr(environment, "reset"):
@@ -87,7 +93,9 @@ class TrajectoryRunner(AsyncResource):
         if coalesce_window < 0:
             raise ValueError(f"coalesce_window must be >= 0 seconds, got {coalesce_window!r}")
         self.coalesce_window = float(coalesce_window)
-        self.tools = _check_tools(tools)
+        self.tools = _check_tools(getattr(environment, "tools", ()) if tools is None else tools)
+        self.tool_choice = tool_choice
+        self.keep_reasoning = keep_reasoning
         self.tokens: TokenPrompts | None = None
         if token_mode:
             if prompt_builder is not None:
@@ -105,7 +113,9 @@ class TrajectoryRunner(AsyncResource):
         self.sampling_params = sampling_params or SamplingParams()
         self.env_factory = env_factory
         self.restore_fn: RestoreFn = restore_fn or replay_restore
-        self.system_prompt = system_prompt
+        self.system_prompt = (
+            getattr(environment, "system_prompt", None) if system_prompt is None else system_prompt
+        )
         self.max_steps = max_steps
         self.step_timeout = step_timeout
         self.restore_timeout = restore_timeout
@@ -312,6 +322,8 @@ class TrajectoryRunner(AsyncResource):
             stats=self.stats,
             tokens=self.tokens,
             tools=self.tools,
+            tool_choice=self.tool_choice,
+            keep_reasoning=self.keep_reasoning,
             coalesce_window=self.coalesce_window,
         )
 

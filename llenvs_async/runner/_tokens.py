@@ -21,7 +21,7 @@ from ..backends._openai_wire import message_dict
 from ..backends.base import TokenizerBackend
 from ..errors import BackendError, LlenvsError
 from ..types import ActionPath, ChatMessage, Completion, GenerationRequest, TokenStep
-from ._rollout import conversation, observation_message
+from ._rollout import assistant_message, conversation, observation_messages
 
 if TYPE_CHECKING:
     from ._rollout import Rollout
@@ -93,16 +93,32 @@ class ChatFrame:
         rendered = self.render([message_dict(m) for m in messages], True)
         return self.encode(rendered)
 
-    def assistant(self, text: str) -> tuple[int, ...]:
-        """A forced action as the model would have written it: content + end of turn."""
-        return self.encode(text + self.close_text)
+    def assistant(self, message: ChatMessage) -> tuple[int, ...]:
+        """A forced action as the model would have written it: content + end of turn; with
+        tool calls, the template's rendering of the turn after its generation prompt."""
+        if not message.tool_calls:
+            return self.encode(message.content + self.close_text)
+        head = self.render([_DUMMY_USER], True)
+        whole = self.render([_DUMMY_USER, message_dict(message)], False)
+        if not whole.startswith(head):
+            raise BackendError(
+                "token mode: the chat template renders an assistant turn with tool calls "
+                "differently from its generation prompt; cannot write a forced tool call as ids"
+            )
+        return self.encode(whole[len(head) :])
 
-    def observation(self, action_ids: Sequence[int], message: ChatMessage) -> tuple[int, ...]:
+    def observation(
+        self, action_ids: Sequence[int], messages: Sequence[ChatMessage]
+    ) -> tuple[int, ...]:
         """The ids after ``action_ids`` up to the next generation prompt: the rest of the
-        assistant turn (what the engine did not sample of it), then the observation's turn
-        (``user``, or a ``tool`` reply)."""
+        assistant turn (what the engine did not sample of it), then the observation's turns
+        (``user``, or one ``tool`` reply per call)."""
         rendered = self.render(
-            [_DUMMY_USER, {"role": "assistant", "content": _CONTENT}, message_dict(message)],
+            [
+                _DUMMY_USER,
+                {"role": "assistant", "content": _CONTENT},
+                *(message_dict(m) for m in messages),
+            ],
             True,
         )
         ids = self.encode(_after_content(rendered))
@@ -171,8 +187,8 @@ class TokenPrompts:
 
     async def start(self, rollouts: Sequence[Rollout], system_prompt: str | None) -> list[Rollout]:
         """Give every rollout without one its start prompt (the start state's token prefix,
-        else its conversation templated once, then kept on the state) and its forced
-        action's ids. Returns the rollouts that failed (recorded on them)."""
+        else its conversation templated once, then kept on the state). Returns the rollouts
+        that failed (recorded on them)."""
         todo = [r for r in rollouts if r.prompt_ids is None and not r.finished]
         if not todo:
             return []
@@ -188,13 +204,13 @@ class TokenPrompts:
                 rollout.fail(result, "generate")
                 failed.append(rollout)
                 continue
-            prefix, templated, forced = result
+            prefix, templated = result
             state = rollout.state
             assert state is not None and type(state.actions) is ActionPath
             if templated:  # keep it on the state: what restores from here will send
                 state = replace(state, actions=state.actions.with_prefix(prefix))
                 rollout.initial_state = rollout.state = state
-            rollout.prompt_ids, rollout.forced_ids = prefix, forced
+            rollout.prompt_ids = prefix
         return failed
 
     async def extend(self, rollouts: Sequence[Rollout]) -> None:
@@ -206,15 +222,12 @@ class TokenPrompts:
         work = []
         for rollout in todo:
             t = rollout.transitions[-1]
-            forced = rollout.forced_ids
-            rollout.forced_ids = None
-            if forced is not None:
-                action_ids, sampled = forced, False
-            else:
-                assert t.completion is not None
-                action_ids, sampled = t.completion.token_ids, True
-            message = observation_message(t.next_state.observation)
-            work.append(_observation_work(action_ids, sampled, message))
+            # A forced action (no completion) is written as the environment shows it.
+            observation = t.next_state.observation
+            forced = None if t.completion is not None else assistant_message(t.action, observation)
+            action_ids = () if t.completion is None else t.completion.token_ids
+            messages = observation_messages(observation)
+            work.append(_observation_work(action_ids, forced, messages))
         for rollout, result in zip(todo, await self._batch(work), strict=True):
             if isinstance(result, LlenvsError):
                 rollout.fail(result, "step")
@@ -244,12 +257,12 @@ def token_mismatch(completion: Completion, request: GenerationRequest) -> Backen
 
 def _start_work(
     rollout: Rollout, system_prompt: str | None
-) -> Callable[[ChatFrame], tuple[tuple[int, ...], bool, tuple[int, ...] | None]]:
-    state, forced = rollout.state, rollout.pending_action
+) -> Callable[[ChatFrame], tuple[tuple[int, ...], bool]]:
+    state = rollout.state
     assert state is not None and type(state.actions) is ActionPath
     path = state.actions
 
-    def work(frame: ChatFrame) -> tuple[tuple[int, ...], bool, tuple[int, ...] | None]:
+    def work(frame: ChatFrame) -> tuple[tuple[int, ...], bool]:
         prefix = path.token_prefix()
         templated = prefix is None
         if prefix is None:
@@ -257,19 +270,20 @@ def _start_work(
             if system_prompt:
                 messages.insert(0, ChatMessage(role="system", content=system_prompt))
             prefix = frame.prompt(messages)
-        return prefix, templated, None if forced is None else frame.assistant(forced.text)
+        return prefix, templated
 
     return work
 
 
 def _observation_work(
-    action_ids: tuple[int, ...], sampled: bool, message: ChatMessage
+    action_ids: tuple[int, ...], forced: ChatMessage | None, messages: Sequence[ChatMessage]
 ) -> Callable[[ChatFrame], TokenStep]:
     def work(frame: ChatFrame) -> TokenStep:
+        ids = action_ids if forced is None else frame.assistant(forced)
         return TokenStep(
-            action_ids=action_ids,
-            observation_ids=frame.observation(action_ids, message),
-            sampled=sampled,
+            action_ids=ids,
+            observation_ids=frame.observation(ids, messages),
+            sampled=forced is None,
         )
 
     return work

@@ -293,6 +293,7 @@ def _read_trajectory(data: Mapping[str, Any], where: str) -> Trajectory:
         index=_opt(data, "index", int, where),
         stop_reason=cast(StopReason, stop_reason),
         info=_decode_mapping(data, "info", where),
+        end_reward=_number(data, "end_reward", where) if "end_reward" in data else 0.0,
     )
 
 

@@ -236,6 +236,8 @@ def _trajectory(traj: Trajectory) -> dict[str, Any]:
     }
     if traj.info:
         out["info"] = _encode_mapping(traj.info, "Trajectory.info")
+    if traj.end_reward:
+        out["end_reward"] = _reward(traj.end_reward)
     record = traj.token_record()
     if record is not None:
         out["tokens"] = _token_record(record)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from llenvs_async import Action
+from llenvs_async import Action, Completion
 from llenvs_async.docker import DockerEngine, DockerEnvironment
 from llenvs_async.errors import EnvError, StaleStateError
 from llenvs_async.testing import check_env
@@ -39,13 +39,16 @@ async def test_episode_with_submit_is_verified(make_env: EnvMaker, engine: Docke
     assert env.container is not None
     container_id = env.container.id
 
-    step = await env.step(state, Action(text="I will do it.\n```bash\ncd /tmp\ntouch done\n```"))
+    reply = "I will do it.\n```bash\ncd /tmp\ntouch done\n```"  # as a model writes it
+    step = await env.step(state, Action(text=reply, completion=Completion(text=reply)))
     assert (step.reward, step.terminated, step.next_state.observation.text) == (
         0.0,
         False,
         "(no output)",
     )
     assert set(step.info) == {
+        "parse_error",
+        "finish_reason",
         "command",
         "exit_code",
         "timed_out",

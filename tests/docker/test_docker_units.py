@@ -6,12 +6,13 @@ import subprocess
 
 import pytest
 
-from llenvs_async.docker import CommandResult, ContainerSpec, extract_command, format_observation
+from llenvs_async.docker import CommandResult, ContainerSpec, format_observation
 from llenvs_async.docker._exec_common import KILL_TREE_SCRIPT, UPTIME_TICKS
 from llenvs_async.docker.engine import split_image_ref
 from llenvs_async.docker.output import CappedOutput
 from llenvs_async.docker.ownership import OWNER_LABEL, Owner, current_owner, process_alive
 from llenvs_async.docker.shell_framing import DATA, TAGGED, Scanner
+from llenvs_async.docker.shell_task import cap_text
 
 
 def test_capped_output_keeps_head_and_tail() -> None:
@@ -53,18 +54,13 @@ def test_scanner_passes_on_a_tag_that_never_ends() -> None:
     assert all(kind == DATA for kind, _ in events)
 
 
-@pytest.mark.parametrize(
-    ("text", "command"),
-    [
-        ("ls -la", "ls -la"),
-        ("  SUBMIT \n", "SUBMIT"),
-        ("Let me look.\n```bash\ncd /tmp\nls\n```\nthen ```sh\nno\n```", "cd /tmp\nls"),
-        ("```\r\necho windows\r\n```", "echo windows"),
-        ("no fence here ``` at all", "no fence here ``` at all"),
-    ],
-)
-def test_extract_command(text: str, command: str) -> None:
-    assert extract_command(text) == command
+def test_cap_text_keeps_head_and_tail_and_counts_the_middle() -> None:
+    text = "".join(f"{i:04d}" for i in range(100))  # 400 characters
+    capped = cap_text(text, 100)
+    head, note, tail = capped.split("\n")
+    assert head == text[:50] and tail == text[-50:]
+    assert note == "[... 300 characters omitted ...]"
+    assert cap_text(text, 400) == text and cap_text(text, None) == text
 
 
 def test_format_observation() -> None:

@@ -52,9 +52,8 @@ class AddEnv(BaseEnvironment):
         if state.step == 0:
             [call] = action.tool_calls
             args = json.loads(call["function"]["arguments"])
-            observation = Observation(
-                text=str(args["a"] + args["b"]), data={"tool_call_id": call["id"]}
-            )
+            reply = {"tool_call_id": call["id"], "content": str(args["a"] + args["b"])}
+            observation = Observation(text=reply["content"], data={"tool_replies": [reply]})
             return StepResult.of(state.advance(action, observation))
         done = state.advance(action, Observation(text="ok"), terminated=True)
         return StepResult.of(done, 1.0 if action.text.strip() == "5" else 0.0)

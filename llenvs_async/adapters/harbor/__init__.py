@@ -18,7 +18,7 @@ from .config import (
     VerifierConfig,
 )
 from .dataset import HarborDataset, load_local_dataset
-from .environment import HarborEnvironment, HarborRuntime, format_observation, parse_command
+from .environment import HarborEnvironment, HarborRuntime, format_observation
 from .image import BuildSettings, ImageResolver, TaskImages, normalise_image_ref
 from .oracle import (
     HARBOR_DESTRUCTIVE,
@@ -87,7 +87,6 @@ __all__ = [
     "load_task",
     "normalise_image_ref",
     "oracle_actions",
-    "parse_command",
     "parse_registry",
     "parse_reward",
     "parse_task_config",

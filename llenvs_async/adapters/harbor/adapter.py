@@ -16,8 +16,10 @@ from typing import Literal
 from ..._resource import AsyncResource
 from ...docker.engine import DockerEngine
 from ...docker.pool import WarmPool
+from ...docker.shell_task import DEFAULT_MAX_OBSERVATION_CHARS
+from ...protocols import AgentProtocol, get_protocol
 from .dataset import HarborDataset, load_local_dataset
-from .environment import HarborEnvironment, HarborRuntime
+from .environment import DEFAULT_COMMAND_TIMEOUT_SEC, HarborEnvironment, HarborRuntime
 from .image import BuildSettings, TaskImages
 from .registry import DEFAULT_REGISTRY_URL, TaskCache
 
@@ -66,7 +68,10 @@ class HarborAdapter(AsyncResource):
     index (PEP 503 ``/simple`` URL) it downloads from instead of pip's/uv's default.
     ``runtime="gvisor"``: episodes run in gVisor sandboxes (``llenvs_async.sandbox``; needs
     runsc, root, no network), which ``SnapshotRestore(processes=True)`` can fork with their
-    processes. Close the adapter (``async with``) to remove the pool's containers and close
+    processes. ``action_format`` (``"text"``, ``"tools"`` or an ``AgentProtocol``),
+    ``max_format_errors``, ``max_observation_chars`` and ``system_prompt`` are every
+    environment's (see ``ShellTaskEnvironment``). Close the adapter (``async with``) to
+    remove the pool's containers and close
     its engine.
     """
 
@@ -86,6 +91,10 @@ class HarborAdapter(AsyncResource):
         provision_verifier: bool = False,
         provision_index_url: str | None = None,
         runtime: Literal["runc", "gvisor"] = "runc",
+        action_format: str | AgentProtocol = "text",
+        max_format_errors: int | None = 3,
+        max_observation_chars: int | None = DEFAULT_MAX_OBSERVATION_CHARS,
+        system_prompt: str | None = None,
     ) -> None:
         if provision_verifier and not build_network:
             raise ValueError(
@@ -137,6 +146,11 @@ class HarborAdapter(AsyncResource):
             engine_users=set() if self._owns_engine and self.pool is None else None,
             container_runtime=runtime,
         )
+        get_protocol(action_format)  # an unknown name fails here, not at the first reset
+        self.action_format = action_format
+        self.max_format_errors = max_format_errors
+        self.max_observation_chars = max_observation_chars
+        self.system_prompt = system_prompt
         self._closed = False
         self._cache = TaskCache(self.cache_dir, self.registry)
         self._datasets: dict[str, HarborDataset] = {}
@@ -167,13 +181,14 @@ class HarborAdapter(AsyncResource):
         max_steps: int | None = 30,
         *,
         submit_keyword: str = "SUBMIT",
-        command_timeout_sec: float | Literal["task"] = "task",
+        command_timeout_sec: float | Literal["task"] = DEFAULT_COMMAND_TIMEOUT_SEC,
         verify_on_truncation: bool = True,
         budget_sec: float | Literal["task"] | None = "task",
     ) -> HarborEnvironment:
-        """A new, not yet reset ``HarborEnvironment``; ``budget_sec="task"`` takes the budget
-        from ``[agent].timeout_sec`` (``None``: unlimited), ``command_timeout_sec="task"`` each
-        command's limit too (600 s when the task gives none)."""
+        """A new, not yet reset ``HarborEnvironment`` speaking the adapter's action format;
+        ``budget_sec="task"`` takes the budget from ``[agent].timeout_sec`` (``None``:
+        unlimited), ``command_timeout_sec="task"`` each command's limit too (180 s when the
+        task gives none; by default 180 s, within the budget)."""
         dataset = await self.get_dataset(name_or_path)
         return HarborEnvironment(
             self.runtime,
@@ -183,6 +198,10 @@ class HarborAdapter(AsyncResource):
             command_timeout_sec=command_timeout_sec,
             verify_on_truncation=verify_on_truncation,
             budget_sec=budget_sec,
+            action_format=self.action_format,
+            max_format_errors=self.max_format_errors,
+            max_observation_chars=self.max_observation_chars,
+            system_prompt=self.system_prompt,
         )
 
     @property

@@ -1,15 +1,15 @@
 """``HarborEnvironment``: one Harbor task episode in a container driven through a persistent shell.
 
-Rules: the initial observation holds the task's instruction; the step rules (command
-parsing, ``SUBMIT``, ``max_steps``, verify on truncation, observations, info keys) are
-``ShellTaskEnvironment``'s, shared with ``DockerEnvironment``; the terminal step carries
-the verifier's reward.
+Rules: the initial observation holds the task's instruction; the step rules (the action
+format, ``SUBMIT``, ``max_steps``, format errors, verify on truncation, observations, info
+keys) are ``ShellTaskEnvironment``'s, shared with ``DockerEnvironment``; the terminal step
+carries the verifier's reward.
 
 Time budget (``[agent].timeout_sec``): only command time counts (not the time the
 agent spends generating), each command's timeout is ``min(budget left, per-command
-cap)``, and running out truncates the episode with ``info["truncation_reason"]``
-= ``"agent_timeout"``. ``state.hidden`` is a JSON-serialisable dict: task name and
-index, dataset, budget total/used/left.
+cap, what the model asked for)``, and running out truncates the episode with
+``info["truncation_reason"] = "agent_timeout"``. ``state.hidden`` is a JSON-serialisable
+dict: task name and index, dataset, budget total/used/left.
 
 The episode's container, shell and sidecars: ``instance.py``; verifying it (collect
 hooks, the verifier in its own exec or container, artifacts): ``verify_flow.py``;
@@ -29,9 +29,15 @@ from ...docker.container import Container
 from ...docker.engine import DockerEngine
 from ...docker.output import CommandResult
 from ...docker.shell import ShellSession
-from ...docker.shell_task import ShellTaskEnvironment, extract_command, observation_text
+from ...docker.shell_task import (
+    DEFAULT_MAX_OBSERVATION_CHARS,
+    ShellTaskEnvironment,
+    capped_timeout,
+    observation_text,
+)
 from ...env import new_episode_id
 from ...errors import ClosedError, ContinuationPromptError, EnvError, RestoreError
+from ...protocols import AgentProtocol
 from ...types import Action, Observation, State, StepResult
 from . import steps as multi_step
 from .dataset import HarborDataset
@@ -49,15 +55,13 @@ __all__ = [
     "HarborEnvironment",
     "HarborRuntime",
     "format_observation",
-    "parse_command",
 ]
 
-DEFAULT_COMMAND_TIMEOUT_SEC = 600.0
+DEFAULT_COMMAND_TIMEOUT_SEC = 180.0
 """A command's time limit when the task gives no ``[agent].timeout_sec``."""
 
 
 # One rule for every shell-task environment (kept under the names this package exported).
-parse_command = extract_command
 format_observation = observation_text
 
 
@@ -79,14 +83,22 @@ class HarborEnvironment(ShellTaskEnvironment):
         *,
         max_steps: int | None = 30,
         submit_keyword: str = "SUBMIT",
-        command_timeout_sec: float | Literal["task"] = "task",
+        command_timeout_sec: float | Literal["task"] = DEFAULT_COMMAND_TIMEOUT_SEC,
         verify_on_truncation: bool = True,
         budget_sec: float | Literal["task"] | None = "task",
+        action_format: str | AgentProtocol = "text",
+        max_format_errors: int | None = 3,
+        max_observation_chars: int | None = DEFAULT_MAX_OBSERVATION_CHARS,
+        system_prompt: str | None = None,
     ) -> None:
         super().__init__(
             max_steps=max_steps,
             submit_keyword=submit_keyword,
             verify_on_truncation=verify_on_truncation,
+            action_format=action_format,
+            max_format_errors=max_format_errors,
+            max_observation_chars=max_observation_chars,
+            system_prompt=system_prompt,
         )
         if command_timeout_sec != "task" and not _positive(command_timeout_sec):
             raise ValueError(
@@ -145,8 +157,8 @@ class HarborEnvironment(ShellTaskEnvironment):
 
     @property
     def command_timeout_sec(self) -> float:
-        """One command's time limit: the one given, else (``"task"``) the task's
-        ``[agent].timeout_sec`` (Harbor bounds its oracle by it), else 600 s."""
+        """One command's time limit: the one given (180 s by default), else (``"task"``)
+        the task's ``[agent].timeout_sec`` (Harbor bounds its oracle by it), else 180 s."""
         if self._command_timeout != "task":
             return float(self._command_timeout)
         task_limit = self._task.config.agent.timeout_sec if self._task is not None else None
@@ -306,8 +318,10 @@ class HarborEnvironment(ShellTaskEnvironment):
             seed=seed,
         )
 
-    async def _run_command(self, command: str) -> tuple[CommandResult, float]:
-        return await self._run(command)
+    async def _run_command(
+        self, command: str, timeout_sec: float | None = None
+    ) -> tuple[CommandResult, float]:
+        return await self._run(command, timeout_sec)
 
     async def _verify_episode(self) -> tuple[float, Mapping[str, Any]]:
         verdict = await self.verify()
@@ -375,10 +389,12 @@ class HarborEnvironment(ShellTaskEnvironment):
             )
         return super()._truncation(step)
 
-    async def _run(self, command: str) -> tuple[CommandResult, float]:
-        """Run an agent command; outside a replay its time is charged to the budget."""
+    async def _run(self, command: str, asked: float | None = None) -> tuple[CommandResult, float]:
+        """Run an agent command (``asked``: the model's own shorter limit); outside a replay
+        its time is charged to the budget."""
         shell = self._require_shell()
-        timeout = self.command_timeout_sec
+        timeout = capped_timeout(self.command_timeout_sec, asked)
+        assert timeout is not None
         left = self.budget_left_sec
         if not self._replaying and left is not None:
             timeout = min(timeout, left)
@@ -412,9 +428,9 @@ class HarborEnvironment(ShellTaskEnvironment):
             return multi_step.step_text(task, 0, self.submit_keyword, self._workdir)
         return (
             f"{task.instruction}\n\n"
-            f"You are in a bash shell inside a Linux container, in {self._workdir}. Reply with "
-            "one shell command per turn (plain text or a fenced code block); you will see its "
-            f"output. When the task is done, reply with {self.submit_keyword} alone."
+            f"You are in a bash shell inside a Linux container, in {self._workdir}. Run one "
+            f"command at a time and read its output; when the task is done, submit "
+            f"({self.submit_keyword})."
         )
 
     async def _get_engine(self) -> DockerEngine:

@@ -50,7 +50,7 @@ class SnapshotRestore(SnapshotFork[HarborEnvironment]):
     async def _key(self, env: HarborEnvironment, state: State) -> SnapshotKey:
         _, task = env.dataset.resolve(state.task)
         image = await env.runtime.images.ensure(await self._engine_for(env), task)
-        return SnapshotKey(image=image, task=task.name, prefix=prefix_digest(state))
+        return SnapshotKey(image=image, task=task.name, prefix=prefix_digest(state, env.commands))
 
     async def _replay(self, env: HarborEnvironment, state: State) -> State:
         return await replay_prefix(env, state)

@@ -34,9 +34,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ...docker.shell_task import SUBMITTED_TEXT
+from ...docker.shell_task import SUBMITTED_TEXT, StepReply
 from ...errors import EnvError, RestoreError
-from ...types import Action, State, StepResult
+from ...types import Action, Observation, State, StepResult
 from .config import VerifierConfig
 from .task import HarborTask, TaskStep
 from .verifier import VerifierResult
@@ -96,11 +96,13 @@ class StepEpisode(Protocol):
 
     def _restart_budget(self) -> None: ...
 
+    def _submit_reply(self, state: State, action: Action, text: str) -> StepReply: ...
+
     def _result(
         self,
         state: State,
         action: Action,
-        text: str,
+        observation: Observation | str,
         reward: float,
         info: Mapping[str, Any],
         *,
@@ -253,13 +255,17 @@ async def submit_step(
                 f" Step {index + 1} of {len(task.steps)} fell short of its min_reward; "
                 "the episode ends."
             )
-        return env._result(state, action, text, reward, info, terminated=True)
+        reply = env._submit_reply(state, action, text)
+        info.update(reply.info)
+        return env._result(state, action, reply.observation, reward, info, terminated=True)
     env._step_index = index + 1
     await enter_step(env, env._step_index)
     env._restart_budget()
     info["step_boundary"] = True
     text = step_text(task, env._step_index, env.submit_keyword, env.workdir)
-    return env._result(state, action, text, 0.0, info)
+    reply = env._submit_reply(state, action, text)
+    info.update(reply.info)
+    return env._result(state, action, reply.observation, 0.0, info)
 
 
 def oracle_actions(task: HarborTask, submit: str = "SUBMIT") -> tuple[str, ...]:

@@ -1,28 +1,12 @@
-"""Pure helpers: command extraction, observation text, Dockerfile base-image aliases."""
+"""Pure helpers: observation text, Dockerfile base-image aliases."""
 
 from __future__ import annotations
 
 import pytest
 
-from llenvs_async.adapters.harbor import format_observation, parse_command
+from llenvs_async.adapters.harbor import format_observation
 from llenvs_async.adapters.harbor.image import rewrite_from_lines
 from llenvs_async.docker.output import CommandResult
-
-
-@pytest.mark.parametrize(
-    ("text", "command"),
-    [
-        ("  ls -la \n", "ls -la"),
-        ("SUBMIT", "SUBMIT"),
-        ("Let me check.\n```bash\ncat a.txt\n```\nDone.", "cat a.txt"),
-        ("```\nfirst\n```\n```\nsecond\n```", "first"),
-        ("```sh\ncd /tmp\nls\n```", "cd /tmp\nls"),
-        ("Reply:\n```\nSUBMIT\n```", "SUBMIT"),
-        ("```unterminated\nls", "```unterminated\nls"),  # no closed block: the whole text
-    ],
-)
-def test_command_is_first_fenced_block_else_whole_text(text: str, command: str) -> None:
-    assert parse_command(text) == command
 
 
 @pytest.mark.parametrize(

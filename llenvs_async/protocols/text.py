@@ -1,0 +1,123 @@
+"""The ``text`` format: each reply holds one fenced code block, the command it runs, or the
+submit word alone. Reasoning (``<think>`` blocks, or everything before a lone ``</think>``)
+is removed first, so a block inside it never runs."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from ..types import Action, Observation
+from ._base import AgentProtocol, Call, CallResult, Parsed, is_model_output
+
+__all__ = ["TextProtocol"]
+
+_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.S)
+_OPEN_FENCE = re.compile(r"[ \t]*(`{3,})[^`]*")
+_RENDERED = re.compile(r"```bash\n(.*)\n```", re.S)
+_NO_ANSWER = "the reply has no answer after the reasoning"
+
+
+def _answer(text: str) -> tuple[str, str | None]:
+    """``text`` with its reasoning removed, or an error when it ends inside ``<think>``."""
+    text = _THINK_BLOCK.sub("", text)
+    close = text.rfind("</think>")
+    if close >= 0:  # the template opened <think> in the prompt: all before it is reasoning
+        text = text[close + len("</think>") :]
+    if "<think>" in text:
+        return "", "the reply ended inside <think>: no answer after the reasoning"
+    return text, None
+
+
+def _blocks(text: str) -> tuple[list[str], bool]:
+    """The fenced code blocks of ``text`` (contents stripped), and whether one is unclosed."""
+    blocks: list[str] = []
+    body: list[str] | None = None
+    fence = ""
+    for line in text.split("\n"):
+        if body is None:
+            if opening := _OPEN_FENCE.fullmatch(line):
+                body, fence = [], opening[1]
+        elif line.strip().startswith(fence) and not line.strip().strip("`"):
+            blocks.append("\n".join(body).strip())
+            body = None
+        else:
+            body.append(line)
+    return blocks, body is not None
+
+
+class TextProtocol(AgentProtocol):
+    """One ```` ```bash ```` block per reply, or the submit word alone; prose is never run."""
+
+    name = "text"
+
+    def _expected(self) -> str:
+        """The line an observation adds after a format error."""
+        return (
+            f"Reply with exactly one ```bash code block holding one command, "
+            f"or {self.submit_word} alone to submit."
+        )
+
+    def instructions(self) -> str:
+        return (
+            "You are working in a Linux shell to complete a task. Each reply runs one "
+            "shell command: put it in a single fenced code block, like\n"
+            "```bash\nls -la\n```\n"
+            "The shell is persistent (the working directory and variables carry over) and "
+            "the command's output is your next message. You may reason inside "
+            "<think>...</think> and write short notes outside the block; only the block is "
+            "run, and a reply with no block or several blocks runs nothing.\n"
+            f"When the task is complete, reply with {self.submit_word} alone (no code "
+            "block) to have your work verified; this ends the episode."
+        )
+
+    def parse(self, action: Action) -> Parsed:
+        """As ``AgentProtocol.parse``; a command as written in its rendered shape (one
+        ```` ```bash ```` block, as a replayed history holds it) is that block's command."""
+        if not is_model_output(action) and (shown := _RENDERED.fullmatch(action.text.strip())):
+            action = Action(text=shown[1])
+        return super().parse(action)
+
+    def _parse_reply(self, action: Action) -> Parsed:
+        raw = action.text.replace("\r\n", "\n")
+        text, error = _answer(raw)
+        if error is not None:
+            return Parsed(error=error)
+        if not text.strip():
+            reasoned = raw.strip() or (action.completion and action.completion.reasoning)
+            return Parsed(error=_NO_ANSWER if reasoned else "the reply is empty")
+        blocks, unclosed = _blocks(text)
+        if unclosed:
+            return Parsed(error="the reply has a ``` code block that is never closed")
+        if len(blocks) > 1:
+            return Parsed(error=f"the reply has {len(blocks)} code blocks; only one runs per reply")
+        if not blocks:
+            if text.strip() == self.submit_word:
+                return Parsed(calls=(Call("submit"),))
+            return Parsed(error="the reply has no fenced code block, and prose is never run")
+        if not blocks[0]:
+            return Parsed(error="the reply's code block is empty")
+        if blocks[0] == self.submit_word:
+            return Parsed(calls=(Call("submit"),))
+        return Parsed(calls=(Call("bash", command=blocks[0]),))
+
+    def render(self, action: Action, step: int) -> Action:
+        if is_model_output(action):
+            return action
+        parsed = self.parse(action)
+        if not parsed.calls:
+            return action
+        call = parsed.calls[0]
+        if call.kind == "submit":
+            return Action(text=self.submit_word)
+        return Action(text=f"```bash\n{call.command}\n```")
+
+    def observe(self, parsed: Parsed, results: Sequence[CallResult]) -> Observation:
+        """A format error and the expected format, else the call's reply (empty without
+        results: the environment supplies a submit's text)."""
+        if parsed.error is not None:
+            return Observation(
+                text=f"Format error: {parsed.error}.\n{self._expected()}",
+                data={"parse_error": parsed.error},
+            )
+        return Observation(text="\n".join(result.text for result in results))
