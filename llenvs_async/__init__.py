@@ -29,6 +29,7 @@ from .errors import (
     TaskLoadError,
 )
 from .estimation import ValueEstimate, estimate_q_values, estimate_values
+from .protocols import AgentProtocol, TextProtocol, ToolsProtocol
 from .runner import RolloutStream, StreamStats, TrajectoryRunner
 from .types import (
     Action,
@@ -55,6 +56,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Action",
+    "AgentProtocol",
     "Backend",
     "BackendError",
     "BackendTimeoutError",
@@ -88,18 +90,20 @@ __all__ = [
     "StepTimeoutError",
     "StreamStats",
     "TaskLoadError",
+    "TextProtocol",
     "TokenRecord",
     "TokenStep",
+    "ToolsProtocol",
     "TrainableBackend",
     "Trajectory",
     "TrajectoryRunner",
     "Transition",
     "VLLMBackend",
     "ValueEstimate",
-    "__version__",
     "estimate_q_values",
     "estimate_values",
     "replay_restore",
+    "__version__",
 ]
 
 

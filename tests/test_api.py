@@ -37,6 +37,10 @@ REQUIRED = {
     "StreamStats",
     "TrainableBackend",
     "GvisorUnavailableError",
+    # decided 2026-12-02: the agent protocol
+    "AgentProtocol",
+    "TextProtocol",
+    "ToolsProtocol",
 }
 
 

@@ -38,7 +38,8 @@ class Call:
 @dataclass(frozen=True, slots=True)
 class Parsed:
     """A parsed reply: its calls in order, or a format ``error`` (the whole reply runs
-    nothing and the model is told what was expected)."""
+    nothing and the model is told what was expected). A cut-off reply that carried tool
+    calls has both: the error, and each call as ``invalid`` so that every call is answered."""
 
     calls: tuple[Call, ...] = ()
     error: str | None = None
