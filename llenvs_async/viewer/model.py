@@ -237,10 +237,12 @@ def trajectory_detail(row: Mapping[str, Any], t: Trajectory) -> Json:
                 "reward": _finite(tr.reward),
                 "terminated": tr.next_state.terminated,
                 "truncated": tr.next_state.truncated,
+                "parse_error": tr.info.get("parse_error"),
                 "completion": None
                 if c is None
                 else {
                     "finish_reason": c.finish_reason,
+                    "reasoning": c.reasoning,
                     "tokens": len(c.token_ids),
                     "prompt_tokens": len(c.prompt_token_ids) or prompt,
                     "policy_versions": list(c.policy_versions),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import signal
@@ -331,3 +332,18 @@ def test_embedded_data_holding_a_template_marker_stays_intact() -> None:
     )
     assert _json.loads(found["document"]) == document
     assert _json.loads(found["details"]) == details
+
+
+async def test_a_steps_reasoning_and_format_error_reach_the_page(tmp_path: Path) -> None:
+    def policy(request: GenerationRequest) -> Completion:
+        return Completion(text="right", reasoning=f"step {request.step}: go right")
+
+    runner = Runner(ChainEnv(min_length=2, num_tasks=1), ScriptedBackend(policy))
+    [traj] = await runner.run_batch([0])
+    first = traj.transitions[0]
+    cut = dataclasses.replace(first, info={**first.info, "parse_error": "no code block"})
+    traj = dataclasses.replace(traj, transitions=(cut, *traj.transitions[1:]))
+    _, [detail] = load_files([token_file(tmp_path / "r.jsonl", [traj])])
+    steps = detail["steps"]
+    assert [s["completion"]["reasoning"] for s in steps] == ["step 0: go right", "step 1: go right"]
+    assert [s["parse_error"] for s in steps] == ["no code block", None]

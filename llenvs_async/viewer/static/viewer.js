@@ -233,6 +233,7 @@
     messages.push(message("observation", "msg-observation", t.initial));
     for (const s of t.steps) {
       const c = s.completion;
+      if (c && c.reasoning) messages.push(h("details", { class: "reasoning" }, h("summary", {}, `reasoning ${s.step}`), h("pre", {}, c.reasoning)));
       messages.push(
         message(
           `action ${s.step}`,
@@ -242,7 +243,8 @@
           c ? h("span", { class: "meta" }, `${c.tokens} tokens \u00b7 prompt ${c.prompt_tokens} \u00b7 ${c.finish_reason || "-"}`) : null,
           Object.keys(s.timing).length ? h("span", { class: "meta step-timing" }, timingParts(s.timing).join(" \u00b7 ")) : null,
           s.terminated ? h("span", { class: "meta" }, "terminated") : null,
-          s.truncated ? h("span", { class: "meta" }, "truncated") : null
+          s.truncated ? h("span", { class: "meta" }, "truncated") : null,
+          s.parse_error ? h("span", { class: "meta bad parse-error" }, `format error: ${s.parse_error}`) : null
         )
       );
       messages.push(message(`observation ${s.step + 1}`, "msg-observation", s.observation));
