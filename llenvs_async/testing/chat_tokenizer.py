@@ -5,7 +5,8 @@ turn a model samples); ``MERGES`` are multi-character tokens matched greedily, t
 one id per character (``1000 + ord``). Like a BPE tokenizer, text sampled one piece at a
 time re-encodes differently (``r i g h t`` -> ``right``): the drift token mode avoids.
 ``enable_thinking=False`` (a template kwarg) appends an empty think block to the
-generation prompt, as Qwen3's template does; ``tools`` are rendered in a system preamble.
+generation prompt, as Qwen3's template does; ``tools`` are rendered in a system preamble
+and an assistant's ``tool_calls`` as ``<tool_call>`` blocks after its content.
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ class ChatMLTokenizer:
         **kwargs: Any,
     ) -> str | list[int]:
         self.renders += 1
-        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in conversation)
+        text = "".join(
+            f"<|im_start|>{m['role']}\n{m['content']}{_calls(m)}<|im_end|>\n" for m in conversation
+        )
         if tools:  # a tools preamble first, as Qwen's template renders it
             text = f"<|im_start|>system\n# Tools\n{json.dumps(list(tools))}<|im_end|>\n" + text
         if add_generation_prompt:
@@ -88,3 +91,16 @@ class ChatMLTokenizer:
         return "".join(
             self.piece(t) for t in token_ids if not (skip_special_tokens and t in SPECIAL.values())
         )
+
+
+def _calls(message: Mapping[str, Any]) -> str:
+    """An assistant turn's tool calls, hermes-style as Qwen's template writes them."""
+    out = ""
+    for call in message.get("tool_calls") or ():
+        function = call["function"]
+        arguments = function["arguments"]
+        if isinstance(arguments, str):
+            arguments = json.loads(arguments)
+        body = json.dumps({"name": function["name"], "arguments": arguments})
+        out += f"\n<tool_call>\n{body}\n</tool_call>"
+    return out

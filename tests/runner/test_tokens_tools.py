@@ -12,10 +12,12 @@ import pytest
 from llenvs_async import (
     Action,
     ChatMessage,
+    Completion,
     GenerationRequest,
     Observation,
     OpenAIBackend,
     SamplingParams,
+    ScriptedBackend,
     State,
     StepResult,
     TrajectoryRunner,
@@ -23,6 +25,7 @@ from llenvs_async import (
 from llenvs_async.backends._openai_wire import chat_payload, parse_chat_response
 from llenvs_async.env import BaseEnvironment, new_episode_id
 from llenvs_async.serialization import JsonlWriter, read_trajectories
+from llenvs_async.testing.chat_tokenizer import IM_END, ChatMLTokenizer
 from llenvs_async.testing.openai_server import serve_openai_compatible
 
 ADD_TOOL = {
@@ -152,3 +155,59 @@ def test_runner_rejects_bad_tool_definitions() -> None:
         TrajectoryRunner(ChainEnv(), ScriptedBackend(lambda r: "x"), tools=[{"name": "add"}])
     with pytest.raises(TypeError, match="sequence of tool definitions"):
         TrajectoryRunner(ChainEnv(), ScriptedBackend(lambda r: "x"), tools=ADD_TOOL)  # type: ignore[arg-type]
+
+
+class ShownAsCall(BaseEnvironment):
+    """What a ``tools`` shell task does with a command written by hand: the state keeps the
+    action, the observation says how it is shown (a tool call) and answers that call."""
+
+    pure_step = True
+
+    async def _reset(self, task: int | str | None, *, seed: int | None) -> State:
+        return State(observation=Observation(text="list it"), episode_id=new_episode_id())
+
+    async def _step(self, state: State, action: Action) -> StepResult:
+        call = {
+            "id": f"call_{state.step + 1}_0",
+            "type": "function",
+            "function": {"name": "bash", "arguments": json.dumps({"command": action.text})},
+        }
+        reply = {"tool_call_id": call["id"], "content": f"ran {action.text}"}
+        data = {"shown_action": {"content": "", "tool_calls": [call]}, "tool_replies": [reply]}
+        if state.step == 0:
+            return StepResult.of(state.advance(action, Observation(text="ran", data=data)))
+        return StepResult.of(state.advance(action, Observation(text="ok"), terminated=True), 1.0)
+
+
+async def test_a_forced_command_is_sent_and_tokenized_as_the_tool_call_shown() -> None:
+    tok = ChatMLTokenizer()
+    seen: list[GenerationRequest] = []
+
+    def policy(request: GenerationRequest) -> Completion:
+        seen.append(request)
+        ids = (*tok.char_ids("done"), IM_END)
+        return Completion(
+            text="done",
+            token_ids=ids,
+            finish_reason="stop",
+            prompt_token_ids=request.prompt_token_ids or (),
+        )
+
+    env = ShownAsCall()
+    start = await env.reset()
+    for token_mode in (False, True):
+        backend = ScriptedBackend(policy, tokenizer=tok if token_mode else None)
+        runner = TrajectoryRunner(env, backend, token_mode=token_mode)
+        [traj] = await runner.run_batch_from_state_actions([start], [Action(text="ls")])
+        assert traj.error is None and traj.total_reward == 1.0
+        assert traj.transitions[0].action == Action(text="ls")  # kept as taken
+        if not token_mode:
+            assistant, reply = seen[-1].messages[-2:]
+            assert assistant.role == "assistant" and assistant.tool_calls[0]["id"] == "call_1_0"
+            assert (reply.role, reply.tool_call_id, reply.content) == ("tool", "call_1_0", "ran ls")
+            continue
+        step = traj.transitions[0].tokens
+        assert step is not None and not step.sampled
+        call = '{"name": "bash", "arguments": {"command": "ls"}}'
+        assert tok.decode(step.action_ids) == f"\n<tool_call>\n{call}\n</tool_call><|im_end|>\n"
+        assert tok.decode(step.observation_ids).startswith("<|im_start|>tool\nran ls<|im_end|>")
