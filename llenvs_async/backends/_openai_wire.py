@@ -58,12 +58,19 @@ def _sampling_fields(params: SamplingParams, seed: int | None) -> dict[str, Any]
 
 def message_dict(message: ChatMessage) -> dict[str, Any]:
     """A message in OpenAI's chat format (an assistant's ``tool_calls``, a tool reply's
-    ``tool_call_id``); also what a chat template receives."""
+    ``tool_call_id``); also what a chat template receives (in-process and token mode).
+
+    An assistant's ``reasoning``, when set, goes as ``reasoning_content``: the field
+    Qwen3-style chat templates render (``<think>...</think>``) and that vLLM accepts in
+    requests (>= 0.10 reads it as ``reasoning``, and hands both names to the template).
+    """
     out: dict[str, Any] = {"role": message.role, "content": message.content}
     if message.tool_calls:
         out["tool_calls"] = [dict(call) for call in message.tool_calls]
     if message.tool_call_id is not None:
         out["tool_call_id"] = message.tool_call_id
+    if message.reasoning is not None:
+        out["reasoning_content"] = message.reasoning
     return out
 
 
@@ -75,7 +82,8 @@ def chat_payload(
     vllm_extras: bool,
     extra_body: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """Body of one ``POST /chat/completions`` (one conversation); ``extra_body`` wins."""
+    """Body of one ``POST /chat/completions`` (one conversation); ``extra_body`` wins.
+    ``tool_choice`` is sent when the request sets it (None: the server's default)."""
     payload: dict[str, Any] = {
         "model": model,
         "messages": [message_dict(m) for m in request.messages],
@@ -83,6 +91,9 @@ def chat_payload(
     }
     if request.tools:
         payload["tools"] = [dict(tool) for tool in request.tools]
+    if request.tool_choice is not None:
+        choice = request.tool_choice
+        payload["tool_choice"] = choice if isinstance(choice, str) else dict(choice)
     if params.logprobs is not None:
         payload["logprobs"] = True
         if params.logprobs > 0:
@@ -117,7 +128,12 @@ def completions_payload(
 
 
 def parse_chat_response(data: Any) -> Completion:
-    """One chat response (n=1) -> ``Completion``; vLLM's token ids are read when present."""
+    """One chat response (n=1) -> ``Completion``; vLLM's token ids are read when present.
+
+    ``Completion.reasoning`` is the message's ``reasoning`` (vLLM >= 0.10) or else its
+    ``reasoning_content`` (older vLLM, DeepSeek-style servers); None when both are absent
+    or empty.
+    """
     choice = _choices(data, expected=1)[0]
     message = choice.get("message")
     if not isinstance(message, Mapping):
@@ -139,7 +155,18 @@ def parse_chat_response(data: Any) -> Completion:
         finish_reason=_finish_reason(choice),
         prompt_token_ids=_int_tuple(data.get("prompt_token_ids"), "prompt_token_ids"),
         tool_calls=_tool_calls(message.get("tool_calls")),
+        reasoning=_reasoning(message),
     )
+
+
+def _reasoning(message: Mapping[str, Any]) -> str | None:
+    for key in ("reasoning", "reasoning_content"):
+        value = message.get(key)
+        if value is not None and not isinstance(value, str):
+            raise MalformedResponse(f"choices[0].message.{key} is not a string")
+        if value:
+            return value
+    return None
 
 
 def _tool_calls(value: Any) -> tuple[dict[str, Any], ...]:

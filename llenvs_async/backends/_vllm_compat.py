@@ -17,6 +17,8 @@ from ._weights import engine_spans
 
 __all__ = [
     "build_engine",
+    "engine_context_length",
+    "engine_reasoning_parser",
     "is_engine_dead",
     "make_sampling_params",
     "sampling_kwargs",
@@ -50,9 +52,23 @@ def sampling_kwargs(params: SamplingParams, seed: int | None = None) -> dict[str
     return kwargs
 
 
-def make_sampling_params(params: SamplingParams, seed: int | None = None) -> Any:
-    """``vllm.SamplingParams`` (final output only) when vLLM is importable, else the kwargs dict."""
+def make_sampling_params(
+    params: SamplingParams,
+    seed: int | None = None,
+    *,
+    max_tokens: int | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> Any:
+    """``vllm.SamplingParams`` (final output only) when vLLM is importable, else the kwargs dict.
+
+    ``max_tokens`` replaces ``params.max_tokens`` (a request clamped to its context window);
+    ``extra`` are further ``vllm.SamplingParams`` fields (a parser's ``structured_outputs``
+    and ``skip_special_tokens``).
+    """
     kwargs = sampling_kwargs(params, seed)
+    if max_tokens is not None:
+        kwargs["max_tokens"] = max_tokens
+    kwargs.update(extra or {})
     try:
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -81,6 +97,23 @@ def _tokens_prompt_dict(token_ids: list[int]) -> Any:
 def is_engine_dead(exc: BaseException) -> bool:
     """Whether ``exc`` says the whole engine is gone (every request fails), not one request."""
     return any(cls.__name__ == "EngineDeadError" for cls in type(exc).__mro__)
+
+
+def engine_context_length(engine: Any) -> int | None:
+    """The engine's context window (``AsyncLLM.model_config.max_model_len``); None if unknown."""
+    value = getattr(getattr(engine, "model_config", None), "max_model_len", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def engine_reasoning_parser(engine: Any) -> str | None:
+    """The reasoning parser the engine's structured-output gate uses (vLLM's engine arg
+    ``reasoning_parser``): with one, a forced tool call's grammar waits for the reasoning
+    to end; None when it has none (the grammar binds from the first token)."""
+    config = getattr(getattr(engine, "vllm_config", None), "structured_outputs_config", None)
+    if getattr(config, "enable_in_reasoning", False):
+        return None
+    name = getattr(config, "reasoning_parser", None)
+    return name if isinstance(name, str) and name else None
 
 
 def build_engine(model: str, engine_kwargs: Mapping[str, Any]) -> Any:

@@ -5,6 +5,8 @@ One ``generate`` call submits every request of the round at once (one coroutine
 per request in a task group) so the engine's scheduler batches them, each with its
 own ``seed``. A request the engine rejects comes back as a ``GenerationError`` at
 its position; if the call is cancelled, every request still in flight is aborted.
+With ``tool_call_parser``/``reasoning_parser`` (``vllm serve``'s names) the output is
+split with vLLM's own parsers as the server's chat route splits it (see ``_parsing``).
 """
 
 from __future__ import annotations
@@ -15,18 +17,22 @@ import inspect
 import logging
 import os
 import uuid
-from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from .._resource import AsyncResource
 from .._shield import shielded
-from ..errors import BackendError, ClosedError
+from ..errors import BackendError, ClosedError, ContextLengthError
 from ..types import Completion, GenerationError, GenerationRequest, SamplingParams
 from ._concurrency import gather_in_order
 from ._openai_wire import message_dict
-from ._outcomes import request_error
+from ._outcomes import check_context_length, request_error
+from ._parsing import OutputParsers, ParsePlan, check_parser_names, forces_tool_call
 from ._vllm_compat import (
     build_engine,
+    engine_context_length,
+    engine_reasoning_parser,
     is_engine_dead,
     make_sampling_params,
     to_completion,
@@ -60,9 +66,35 @@ class VLLMBackend(AsyncResource):
     ``model=`` plus engine args (``VLLMBackend.from_engine_args``): we build the
     engine and shut it down in ``aclose``. Requests with ``prompt_token_ids`` are
     sent as token prompts; others are chat-templated with the engine's tokenizer
-    (or ``tokenizer``) on the event loop and sent as token ids, so the prompt ids
+    (or ``tokenizer``; ``chat_template_kwargs`` such as ``{"enable_thinking": False}``
+    go to the template) on the event loop and sent as token ids, so the prompt ids
     come back exactly. ``abort_timeout`` bounds each abort on cancellation, ``update_timeout``
     each weight swap (``update_weights``).
+
+    Parsing (both chat and token mode): ``tool_call_parser`` and ``reasoning_parser`` take
+    the names ``vllm serve --tool-call-parser/--reasoning-parser`` take (``"hermes"``,
+    ``"qwen3"``...; an unknown name is a ``ValueError`` listing vLLM's) and parse with
+    vLLM's own parser classes as the server's chat route does: the reasoning goes to
+    ``Completion.reasoning`` (and out of ``text``), tool calls to ``Completion.tool_calls``
+    (``{"id", "type": "function", "function": {"name", "arguments": <JSON string>}}``),
+    ``text`` is the content left. Token ids and logprobs stay exactly the engine's.
+    ``tool_call_parser`` is ``--enable-auto-tool-choice --tool-call-parser``: tool calls
+    are parsed for ``tool_choice`` None/``"auto"``; ``"required"`` or a named function
+    forces a call with the structured-output grammar vLLM's parser builds from the tool
+    schemas (as the server does; ``tool_strict_level`` is ``--tool-strict-level``: with
+    ``"auto"``, vLLM's default, the grammar forces the call and the function name but
+    leaves a tool's arguments free unless the tool says ``"strict": true``;
+    ``"parameter"`` pins every tool's arguments to its schema). A forced ``tool_choice``
+    without ``tool_call_parser`` is that request's ``GenerationError``. An engine built
+    here gets ``reasoning_parser`` as its engine arg too, so, as on the server, a forced
+    call's grammar waits until the reasoning ends; on a ready engine without one the
+    grammar binds from the first token (no reasoning is then parsed).
+
+    Context window: ``context_length`` (default: the engine's ``max_model_len``). Each
+    request's ``max_tokens`` is clamped to what its prompt leaves of the window (the
+    prompt ids are always known here: the request's own, or the templated chat's); a
+    prompt that leaves no room (>= the window) is that request's ``GenerationError``
+    with a ``ContextLengthError``, without calling the engine.
     """
 
     def __init__(
@@ -75,9 +107,18 @@ class VLLMBackend(AsyncResource):
         policy_version: int | None = 0,
         handoff_dir: str | os.PathLike[str] | None = None,
         update_timeout: float = DEFAULT_UPDATE_TIMEOUT,
+        tool_call_parser: str | None = None,
+        reasoning_parser: str | None = None,
+        tool_strict_level: str = "auto",
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        context_length: int | None = None,
         **engine_kwargs: Any,
     ) -> None:
         check_version(policy_version, owner="VLLMBackend")
+        check_context_length(context_length, owner="VLLMBackend")
+        check_parser_names(
+            tool_call_parser, reasoning_parser, tool_strict_level, owner="VLLMBackend"
+        )
         if (engine is None) == (model is None):
             raise ValueError("VLLMBackend needs exactly one of engine= or model=")
         if engine is not None and engine_kwargs:
@@ -86,11 +127,24 @@ class VLLMBackend(AsyncResource):
             )
         if abort_timeout <= 0:
             raise ValueError(f"VLLMBackend abort_timeout must be > 0, got {abort_timeout!r}")
+        if engine is None and reasoning_parser is not None:
+            # As `vllm serve --reasoning-parser`: a forced call's grammar waits for the reasoning.
+            engine_kwargs = {"reasoning_parser": reasoning_parser, **engine_kwargs}
         self._owns_engine = engine is None
         self._engine: EngineLike = (
             engine if engine is not None else build_engine(str(model), engine_kwargs)
         )
         self._tokenizer = tokenizer
+        self._tool_call_parser = tool_call_parser
+        self._reasoning_parser = reasoning_parser
+        self._tool_strict_level = tool_strict_level
+        self._chat_template_kwargs: Mapping[str, Any] = MappingProxyType(
+            dict(chat_template_kwargs or {})
+        )
+        self._context_length = (
+            context_length if context_length is not None else engine_context_length(self._engine)
+        )
+        self._parsers: OutputParsers | None = None
         self._abort_timeout = abort_timeout
         self._weights = WeightSwitch(
             policy_version, handoff_dir, update_timeout, owner="VLLMBackend"
@@ -107,9 +161,15 @@ class VLLMBackend(AsyncResource):
         policy_version: int | None = 0,
         handoff_dir: str | os.PathLike[str] | None = None,
         update_timeout: float = DEFAULT_UPDATE_TIMEOUT,
+        tool_call_parser: str | None = None,
+        reasoning_parser: str | None = None,
+        tool_strict_level: str = "auto",
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        context_length: int | None = None,
         **engine_kwargs: Any,
     ) -> VLLMBackend:
-        """Build and own an ``AsyncLLM`` from ``AsyncEngineArgs(model=model, **engine_kwargs)``."""
+        """Build and own an ``AsyncLLM`` from ``AsyncEngineArgs(model=model, **engine_kwargs)``
+        (plus ``reasoning_parser``, when given); the other arguments are the constructor's."""
         return cls(
             model=model,
             tokenizer=tokenizer,
@@ -117,6 +177,11 @@ class VLLMBackend(AsyncResource):
             policy_version=policy_version,
             handoff_dir=handoff_dir,
             update_timeout=update_timeout,
+            tool_call_parser=tool_call_parser,
+            reasoning_parser=reasoning_parser,
+            tool_strict_level=tool_strict_level,
+            chat_template_kwargs=chat_template_kwargs,
+            context_length=context_length,
             **engine_kwargs,
         )
 
@@ -129,14 +194,24 @@ class VLLMBackend(AsyncResource):
         """The weights' version: completions finishing now are tagged with it."""
         return self._weights.version
 
+    @property
+    def context_length(self) -> int | None:
+        """The context window requests are clamped to (None: unknown, nothing clamped)."""
+        return self._context_length
+
+    async def get_context_length(self) -> int | None:
+        """``context_length`` (the same call as ``OpenAIBackend.get_context_length``)."""
+        return self._context_length
+
     async def generate(
         self, requests: Sequence[GenerationRequest], params: SamplingParams
     ) -> list[Completion | GenerationError]:
         """Submit all requests concurrently; results come back in request order.
 
         A request the engine rejects on its own (prompt over the context window, a token
-        id out of vocabulary, a chat template that fails) gets a ``GenerationError`` at
-        its position; a dead engine or bad ``params`` (shared by all) raise for the round.
+        id out of vocabulary, a chat template that fails, a ``tool_choice`` it cannot
+        force) gets a ``GenerationError`` at its position; a dead engine, bad ``params``
+        (shared by all) or parsers vLLM cannot build for the tokenizer raise for the round.
         """
         if self._closed:
             raise ClosedError("VLLMBackend")
@@ -144,6 +219,8 @@ class VLLMBackend(AsyncResource):
             return []
         # Built once so bad params fail the round here; per-request copies carry the seeds.
         make_sampling_params(params)
+        if self._tool_call_parser is not None or self._reasoning_parser is not None:
+            await self._output_parsers()
         wrap = tokens_prompt_factory()
         return await gather_in_order(
             self._run_one(i, r, params, wrap) for i, r in enumerate(requests)
@@ -154,10 +231,12 @@ class VLLMBackend(AsyncResource):
             return list(request.prompt_token_ids)
         tokenizer = await self.get_tokenizer()
         conversation = [message_dict(m) for m in request.messages]
-        tools = {"tools": [dict(t) for t in request.tools]} if request.tools else {}
+        kwargs = dict(self._chat_template_kwargs)
+        if request.tools:
+            kwargs["tools"] = [dict(t) for t in request.tools]
         try:
             text = tokenizer.apply_chat_template(
-                conversation, tokenize=False, add_generation_prompt=True, **tools
+                conversation, tokenize=False, add_generation_prompt=True, **kwargs
             )
             # The template already holds the special tokens (BOS...): do not add them twice.
             return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
@@ -166,6 +245,55 @@ class VLLMBackend(AsyncResource):
                 f"chat templating failed for {_describe(index, request)}: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
+
+    def _room(
+        self, index: int, request: GenerationRequest, prompt_ids: Sequence[int], max_tokens: int
+    ) -> int | None:
+        """``max_tokens`` clamped to what the prompt leaves of the window (None: unchanged);
+        a ``ContextLengthError`` when the prompt leaves no room."""
+        window = self._context_length
+        if window is None:
+            return None
+        if len(prompt_ids) >= window:
+            raise ContextLengthError(
+                f"{_describe(index, request)}: the prompt ({len(prompt_ids)} tokens) leaves no "
+                f"room for a completion in the maximum model length of {window} tokens "
+                "(not sent to the engine)"
+            )
+        room = window - len(prompt_ids)
+        return room if room < max_tokens else None
+
+    async def _output_parsers(self) -> OutputParsers:
+        """The parsers for the engine's tokenizer, built once (a failure fails the round)."""
+        if self._parsers is None:
+            tokenizer = await self.get_tokenizer()
+            if self._parsers is None:
+                self._parsers = OutputParsers(
+                    tokenizer,
+                    tool_call_parser=self._tool_call_parser,
+                    reasoning_parser=self._reasoning_parser,
+                    tool_strict_level=self._tool_strict_level,
+                    chat_template_kwargs=self._chat_template_kwargs,
+                    grammar_waits_for_reasoning=engine_reasoning_parser(self._engine) is not None,
+                )
+        return self._parsers
+
+    def _plan(
+        self, index: int, request: GenerationRequest, prompt_ids: Sequence[int]
+    ) -> ParsePlan | None:
+        """How this request's output is parsed (None: it is not)."""
+        if forces_tool_call(request.tool_choice) and self._tool_call_parser is None:
+            raise BackendError(
+                f"{_describe(index, request)}: tool_choice={request.tool_choice!r} needs "
+                "VLLMBackend(tool_call_parser=...) (vllm serve's --tool-call-parser name) "
+                "to force and parse a call"
+            )
+        if self._parsers is None:
+            return None
+        try:
+            return self._parsers.plan(request, prompt_ids)
+        except BackendError as exc:
+            raise BackendError(f"{_describe(index, request)}: {exc.message}") from exc
 
     def token_mode_error(self) -> str | None:
         """Token mode always works here: token prompts go to the engine as they are."""
@@ -188,18 +316,38 @@ class VLLMBackend(AsyncResource):
         params: SamplingParams,
         wrap: Callable[[list[int]], Any],
     ) -> Completion | GenerationError:
-        """Drain one request's output stream to its final output; abort it if we stop early."""
+        """Drain one request's output stream to its final output; abort it if we stop early.
+        Then split it with the parsers, if any."""
         try:
-            prompt = wrap(await self._prompt_token_ids(index, request))
+            prompt_ids = await self._prompt_token_ids(index, request)
+            max_tokens = self._room(index, request, prompt_ids, params.max_tokens)
+            plan = self._plan(index, request, prompt_ids)
+            sampling_params = make_sampling_params(
+                params,
+                request.seed,
+                max_tokens=max_tokens,
+                extra=plan.sampling if plan is not None else None,
+            )
         except BackendError as exc:
             return GenerationError(error=exc, request_index=index)
-        sampling_params = make_sampling_params(params, request.seed)
+        prompt = wrap(prompt_ids)
         # Stopped by update_weights(mode="abort"): sent again under the new weights.
-        return await self._weights.complete_one(
+        outcome = await self._weights.complete_one(
             lambda: self._submit(
                 index, request, prompt, sampling_params, f"llenvs-{uuid.uuid4().hex}"
             )
         )
+        if plan is None or not isinstance(outcome, Completion):
+            return outcome
+        try:
+            return plan.apply(outcome)
+        except Exception as exc:
+            error = BackendError(
+                f"{_describe(index, request)}: vLLM's parsers failed on the output: "
+                f"{type(exc).__name__}: {exc}"
+            )
+            error.__cause__ = exc
+            return GenerationError(error=error, request_index=index)
 
     async def _submit(
         self,

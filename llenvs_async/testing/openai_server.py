@@ -2,9 +2,10 @@
 
 It answers ``/v1/chat/completions`` and ``/v1/completions`` (list prompts, choice
 index ``prompt_i * n + j``) like ``vllm serve``: deterministic fake token ids (one
-per character, see ``fake_token_ids``), logprobs and ``return_token_ids``. It
-records every request, counts the most requests in flight at once, and injects
-faults (HTTP errors, ``Retry-After``, malformed bodies, delays) in FIFO order.
+per character, see ``fake_token_ids``), logprobs and ``return_token_ids``, and
+``GET /v1/models`` (with ``max_model_len`` when the server has one). It records every
+request, counts the most requests in flight at once, and injects faults (HTTP errors,
+``Retry-After``, malformed bodies, delays) in FIFO order.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from types import MappingProxyType, TracebackType
-from typing import Any
+from typing import Any, Literal
 
 __all__ = [
     "Fault",
@@ -33,7 +34,11 @@ __all__ = [
 ServerPolicy = Callable[[Any], "str | Mapping[str, Any]"]
 """Gets the chat ``messages`` list or one completions ``prompt`` (str or token ids).
 
-For a chat it may return ``{"content": ..., "tool_calls": [...]}`` to call tools."""
+For a chat it may return ``{"content": ..., "tool_calls": [...]}`` to call tools, and
+``"reasoning"`` (vLLM >= 0.10's field) or ``"reasoning_content"`` (older vLLM, DeepSeek)
+to return reasoning next to the content (copied into the message as given)."""
+
+Overflow = Literal["ignore", "clamp", "reject"]
 
 _TOKEN_BASE = 1000
 _MAX_BODY = 16 * 1024 * 1024
@@ -124,7 +129,12 @@ class OpenAITestServer:
     concurrent, or, with N above a client's bound, that the bound holds.
     ``reverse_choices`` returns completions choices in reverse order (clients must
     map them by ``index``). ``max_model_len`` rejects, like vLLM (HTTP 400, its
-    message), a request with any prompt longer than that many fake tokens.
+    message), a request with any prompt longer than that many fake tokens; ``overflow``
+    says what happens to a prompt that fits but whose ``max_tokens`` does not:
+    ``"ignore"`` (nothing), ``"clamp"`` (vLLM >= 0.10: ``max_tokens`` is cut to what the
+    prompt leaves, and a prompt filling the window is its 400 "max_tokens must be at least
+    1, got 0") or ``"reject"`` (OpenAI and vLLM < 0.10: a 400 stating the prompt's tokens
+    and the completion's).
     """
 
     def __init__(
@@ -137,9 +147,11 @@ class OpenAITestServer:
         reverse_choices: bool = False,
         max_model_len: int | None = None,
         model: str = "fake-model",
+        overflow: Overflow = "ignore",
     ) -> None:
         self.policy = policy
         self.max_model_len = max_model_len
+        self.overflow = overflow
         self.model = model
         self.reverse_choices = reverse_choices
         self.requests: list[RecordedRequest] = []
@@ -261,7 +273,10 @@ class OpenAITestServer:
 
     def _route(self, method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
         if method == "GET" and path == "/v1/models":
-            return 200, {"object": "list", "data": [{"id": self.model, "object": "model"}]}
+            entry: dict[str, Any] = {"id": self.model, "object": "model"}
+            if self.max_model_len is not None:
+                entry["max_model_len"] = self.max_model_len
+            return 200, {"object": "list", "data": [entry]}
         if method != "POST" or path not in ("/v1/chat/completions", "/v1/completions"):
             return 404, _error(404, f"no route for {method} {path}")
         if not isinstance(body, dict):
@@ -270,46 +285,74 @@ class OpenAITestServer:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
                 return 400, _error(400, "'messages' must be a non-empty list")
-            problem = _chat_schema_error(messages, body.get("tools"))
+            problem = _chat_schema_error(messages, body.get("tools"), body.get("tool_choice"))
             if problem is not None:
                 return 400, _error(400, problem)
-            too_long = self._context_error([fake_token_ids(_render_chat(messages))])
+            too_long = self._context_error([fake_token_ids(_render_chat(messages))], body)
             return too_long or (200, self._chat(body, messages))
         prompt = body.get("prompt")
         prompts = prompt if isinstance(prompt, list) and not _is_token_list(prompt) else [prompt]
         if not prompts or not all(isinstance(p, str) or _is_token_list(p) for p in prompts):
             return 400, _error(400, "'prompt' must be a string, token ids, or a list of those")
         too_long = self._context_error(
-            [p if isinstance(p, list) else fake_token_ids(str(p)) for p in prompts]
+            [p if isinstance(p, list) else fake_token_ids(str(p)) for p in prompts], body
         )
         return too_long or (200, self._completions(body, prompts))
 
-    def _context_error(self, prompt_ids: list[list[int]]) -> tuple[int, dict[str, Any]] | None:
-        """vLLM's 400 for a prompt over ``max_model_len`` (one bad prompt fails the list)."""
+    def _context_error(
+        self, prompt_ids: list[list[int]], body: Mapping[str, Any]
+    ) -> tuple[int, dict[str, Any]] | None:
+        """vLLM's 400 for a prompt over ``max_model_len`` (one bad prompt fails the list);
+        then what ``overflow`` says for a ``max_tokens`` the window cannot hold."""
+        window = self.max_model_len
         longest = max(len(ids) for ids in prompt_ids)
-        if self.max_model_len is None or longest <= self.max_model_len:
+        if window is None:
             return None
-        message = (
-            f"This model's maximum context length is {self.max_model_len} tokens. However, "
-            f"your prompt contains {longest} input tokens, which exceeds this limit even "
-            "without any output tokens. Please reduce the length of the input prompt."
-        )
-        return 400, _error(400, message)
+        if longest > window:
+            message = (
+                f"This model's maximum context length is {window} tokens. However, "
+                f"your prompt contains {longest} input tokens, which exceeds this limit even "
+                "without any output tokens. Please reduce the length of the input prompt."
+            )
+            return 400, _error(400, message)
+        asked = _max_tokens(body)
+        if self.overflow == "clamp" and longest == window:
+            return 400, _error(400, "max_tokens must be at least 1, got 0.")
+        if self.overflow == "reject" and longest + asked > window:
+            message = (
+                f"This model's maximum context length is {window} tokens. However, you "
+                f"requested {longest + asked} tokens ({longest} in the messages, {asked} in "
+                "the completion). Please reduce the length of the messages or completion."
+            )
+            return 400, _error(400, message)
+        return None
+
+    def _room(self, prompt_ids: list[int], body: Mapping[str, Any]) -> int:
+        """The ``max_tokens`` a prompt gets: the request's, clamped to the window if so."""
+        asked = _max_tokens(body)
+        if self.overflow == "clamp" and self.max_model_len is not None:
+            return min(asked, self.max_model_len - len(prompt_ids))
+        return asked
 
     def _chat(self, body: Mapping[str, Any], messages: list[Any]) -> dict[str, Any]:
         rendered = _render_chat(messages)
+        room = self._room(fake_token_ids(rendered), body)
         choices = []
         for j in range(int(body.get("n") or 1)):
             answer = self.policy(messages)
             calls = answer.get("tool_calls") if isinstance(answer, Mapping) else None
             said = str(answer.get("content") or "") if isinstance(answer, Mapping) else answer
-            text, ids, finish = _sample(said, body)
+            text, ids, finish = _sample(said, body, room)
             choice: dict[str, Any] = {
                 "index": j,
                 "message": {"role": "assistant", "content": text},
                 "logprobs": None,
                 "finish_reason": finish,
             }
+            if isinstance(answer, Mapping):
+                for key in ("reasoning", "reasoning_content"):
+                    if key in answer:
+                        choice["message"][key] = answer[key]
             if calls:
                 choice["message"]["tool_calls"] = list(calls)
                 choice["finish_reason"] = "tool_calls"
@@ -333,8 +376,9 @@ class OpenAITestServer:
         choices = []
         for i, prompt in enumerate(prompts):
             prompt_ids = prompt if isinstance(prompt, list) else fake_token_ids(prompt)
+            room = self._room(prompt_ids, body)
             for j in range(n):
-                text, ids, finish = _sample(str(self.policy(prompt)), body)
+                text, ids, finish = _sample(str(self.policy(prompt)), body, room)
                 choice: dict[str, Any] = {
                     "index": i * n + j,
                     "text": text,
@@ -369,6 +413,7 @@ def serve_openai_compatible(
     reverse_choices: bool = False,
     max_model_len: int | None = None,
     model: str = "fake-model",
+    overflow: Overflow = "ignore",
 ) -> OpenAITestServer:
     """A not-yet-started server: ``async with serve_openai_compatible(...) as server``."""
     return OpenAITestServer(
@@ -379,24 +424,39 @@ def serve_openai_compatible(
         reverse_choices=reverse_choices,
         max_model_len=max_model_len,
         model=model,
+        overflow=overflow,
     )
 
 
-def _sample(text: str, body: Mapping[str, Any]) -> tuple[str, list[int], str]:
+def _max_tokens(body: Mapping[str, Any]) -> int:
+    return int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+
+
+def _sample(text: str, body: Mapping[str, Any], max_tokens: int) -> tuple[str, list[int], str]:
     """Apply ``stop`` then ``max_tokens`` (one token per character) like a real server."""
     finish = "stop"
     stops = body.get("stop") or []
     for stop in [stops] if isinstance(stops, str) else stops:
         if stop and stop in text:
             text = text[: text.index(stop)]
-    max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 16
     if len(text) > max_tokens:
         text, finish = text[:max_tokens], "length"
     return text, fake_token_ids(text), finish
 
 
-def _chat_schema_error(messages: list[Any], tools: Any) -> str | None:
-    """What OpenAI's (and vLLM's) chat schema rejects in messages and tool definitions."""
+def _chat_schema_error(messages: list[Any], tools: Any, tool_choice: Any = None) -> str | None:
+    """What OpenAI's (and vLLM's) chat schema rejects in messages, tool definitions and
+    ``tool_choice``."""
+    if tool_choice is not None and tool_choice != "none":
+        if not tools:
+            return "When using `tool_choice`, `tools` must be set."
+        if isinstance(tool_choice, Mapping):
+            name = (tool_choice.get("function") or {}).get("name")
+            names = [(t.get("function") or {}).get("name") for t in tools if isinstance(t, Mapping)]
+            if name not in names:
+                return f"Tool {name!r} has not been passed in `tools`."
+        elif tool_choice not in ("auto", "required"):
+            return f"Invalid value for `tool_choice`: {tool_choice!r}"
     if tools is not None:
         if not isinstance(tools, list):
             return "'tools' must be a list"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import math
 import socket
 
@@ -181,11 +182,14 @@ async def test_completions_mode_sends_prompt_token_ids_when_given() -> None:
     ):
         token_only = await llm.generate([request("x", token_ids=ids)] * 3, PARAMS)
         mixed = await llm.generate([request("x", token_ids=ids), request("plain")], PARAMS)
-    assert server.requests[0].json["prompt"] == [list(ids)] * 3
+    # Token-id prompts: the context window is asked once (GET /models, cached).
+    assert [(r.method, r.path) for r in server.requests].count(("GET", "/v1/models")) == 1
+    posts = [r for r in server.requests if r.method == "POST"]
+    assert posts[0].json["prompt"] == [list(ids)] * 3
     assert [c.text for c in token_only] == ["echo: abc"] * 3
     assert token_only[0].prompt_token_ids == ids
     # A batch mixing token-id and text prompts needs one request per kind.
-    assert len(server.requests) == 3
+    assert len(posts) == 3
     assert [c.text for c in mixed] == [
         "echo: abc",
         "echo: " + render_plain_prompt(request("plain").messages),
@@ -416,3 +420,222 @@ def test_null_logprob_becomes_nan() -> None:
     [completion] = parse_completions_response(data, 1)
     assert completion.logprobs is not None
     assert math.isnan(completion.logprobs[0]) and completion.logprobs[1] == -1.5
+
+
+BASH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+    },
+}
+
+
+@pytest.mark.parametrize("field", ["reasoning", "reasoning_content"])
+async def test_the_servers_reasoning_is_kept_under_either_name(field: str) -> None:
+    def policy(messages: object) -> dict[str, str]:
+        return {"content": "the answer", field: "first, think"}
+
+    async with (
+        serve_openai_compatible(policy=policy) as server,
+        backend(server.base_url) as llm,
+    ):
+        [completion] = await llm.generate([request("q")], PARAMS)
+        [plain] = await llm.generate([request("q")], PARAMS)  # policy unchanged: same answer
+    assert isinstance(completion, Completion) and isinstance(plain, Completion)
+    assert completion.text == "the answer"
+    assert completion.reasoning == "first, think"
+    async with serve_openai_compatible() as server, backend(server.base_url) as llm:
+        [none] = await llm.generate([request("q")], PARAMS)
+    assert isinstance(none, Completion) and none.reasoning is None
+
+
+async def test_tool_choice_and_an_assistants_reasoning_go_on_the_wire() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+    messages = (
+        ChatMessage(role="user", content="list"),
+        ChatMessage(role="assistant", content="", tool_calls=(call,), reasoning="ls first"),
+        ChatMessage(role="tool", content="a b", tool_call_id="c1"),
+    )
+    named = {"type": "function", "function": {"name": "bash"}}
+    batch = [
+        GenerationRequest(messages=messages, tools=(BASH_TOOL,), tool_choice="required"),
+        GenerationRequest(messages=messages, tools=(BASH_TOOL,), tool_choice=named),
+        GenerationRequest(messages=messages, tools=(BASH_TOOL,)),
+    ]
+    async with serve_openai_compatible() as server, backend(server.base_url) as llm:
+        outcomes = await llm.generate(batch, PARAMS)
+    assert all(isinstance(o, Completion) for o in outcomes)
+    sent = sorted((r.json for r in server.requests), key=lambda body: str(body.get("tool_choice")))
+    assert [body.get("tool_choice") for body in sent] == [None, "required", named]
+    for body in sent:
+        assert body["messages"][1] == {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [call],
+            "reasoning_content": "ls first",
+        }
+        assert "reasoning_content" not in body["messages"][2]
+
+
+async def test_a_tool_choice_the_server_rejects_is_that_requests_error() -> None:
+    bad = GenerationRequest(
+        messages=(ChatMessage(role="user", content="x"),), tool_choice="required"
+    )
+    async with serve_openai_compatible() as server, backend(server.base_url) as llm:
+        ok, rejected = await llm.generate([request("fine"), bad], PARAMS)
+    assert isinstance(ok, Completion)
+    assert isinstance(rejected, GenerationError) and rejected.request_index == 1
+    assert "`tools` must be set" in str(rejected.error)
+
+
+def long_answer(prompt: object) -> str:
+    return "z" * 200
+
+
+async def test_chat_max_tokens_over_the_window_is_retried_once_clamped() -> None:
+    """OpenAI / vLLM < 0.10 reject prompt + max_tokens over the window, stating both: the
+    request goes once more with max_tokens = what the prompt leaves."""
+    prompt_tokens = len(fake_token_ids("<system>be brief<user>hi"))  # the server's rendering
+    async with (
+        serve_openai_compatible(max_model_len=60, overflow="reject", policy=long_answer) as server,
+        backend(server.base_url) as llm,
+    ):
+        [completion] = await llm.generate([request("hi")], PARAMS)
+    assert [r.json["max_tokens"] for r in server.requests] == [64, 60 - prompt_tokens]
+    assert isinstance(completion, Completion)
+    assert completion.text == "z" * (60 - prompt_tokens)
+    assert completion.finish_reason == "length"
+
+
+@pytest.mark.parametrize("overflow", ["reject", "clamp"])
+async def test_a_chat_prompt_that_leaves_no_room_is_a_context_length_error(overflow: str) -> None:
+    rendered = "<system>be brief<user>"
+    filler = "w" * (60 - len(fake_token_ids(rendered)))  # exactly fills the window
+    async with (
+        serve_openai_compatible(max_model_len=60, overflow=overflow) as server,  # type: ignore[arg-type]
+        backend(server.base_url) as llm,
+    ):
+        full, over = await llm.generate([request(filler), request(filler + "ww")], PARAMS)
+    for outcome in (full, over):
+        assert isinstance(outcome, GenerationError), outcome
+        assert isinstance(outcome.error, ContextLengthError)
+        assert outcome.error.status_code == 400
+    assert len(server.requests) == 2  # nothing to retry: no room either way
+
+
+async def test_chat_against_a_clamping_server_needs_no_retry() -> None:
+    """vLLM >= 0.10 clamps max_tokens to the window itself."""
+    async with (
+        serve_openai_compatible(max_model_len=60, overflow="clamp", policy=long_answer) as server,
+        backend(server.base_url) as llm,
+    ):
+        [completion] = await llm.generate([request("hi")], PARAMS)
+    assert len(server.requests) == 1
+    assert isinstance(completion, Completion)
+    assert len(completion.text) == 60 - len(fake_token_ids("<system>be brief<user>hi"))
+
+
+async def test_completions_token_prompts_are_clamped_to_the_window_from_models() -> None:
+    window = 60
+    lengths = [10, 50, 60, 70, 10]
+    batch = [
+        request("x", token_ids=tuple(fake_token_ids("p" * n)), rollout_index=i)
+        for i, n in enumerate(lengths)
+    ]
+    async with (
+        serve_openai_compatible(max_model_len=window, policy=long_answer) as server,
+        backend(server.base_url, mode="completions") as llm,
+    ):
+        outcomes = await llm.generate(batch, PARAMS)
+        assert await llm.get_context_length() == window
+        again = await llm.generate(batch[:1], PARAMS)
+    gets = [r for r in server.requests if r.method == "GET"]
+    assert [r.path for r in gets] == ["/v1/models"]  # asked once, cached
+    posts = [r.json for r in server.requests if r.method == "POST"]
+    # One request per clamped max_tokens (the two 10-token prompts share one); the prompts
+    # that leave no room are never sent.
+    assert sorted((p["max_tokens"], len(p["prompt"])) for p in posts) == [(10, 1), (50, 1), (50, 2)]
+    for n, outcome in zip(lengths, outcomes, strict=True):
+        if n >= window:
+            assert isinstance(outcome, GenerationError) and isinstance(
+                outcome.error, ContextLengthError
+            )
+            assert "not sent" in str(outcome.error)
+        else:
+            assert isinstance(outcome, Completion)
+            assert len(outcome.token_ids) == window - n
+            assert outcome.finish_reason == "length"
+    assert isinstance(again[0], Completion)
+
+
+async def test_completions_context_length_argument_is_used_without_asking() -> None:
+    ids = tuple(fake_token_ids("p" * 30))
+    async with (
+        serve_openai_compatible(policy=long_answer) as server,
+        backend(server.base_url, mode="completions", context_length=40) as llm,
+    ):
+        [completion] = await llm.generate([request("x", token_ids=ids)], PARAMS)
+    assert [r.method for r in server.requests] == ["POST"]
+    assert server.requests[0].json["max_tokens"] == 10
+    assert isinstance(completion, Completion) and len(completion.token_ids) == 10
+
+
+async def test_a_models_route_that_fails_leaves_the_window_unknown() -> None:
+    ids = tuple(fake_token_ids("p" * 30))
+    async with (
+        serve_openai_compatible(faults=[Fault.http_error(404)]) as server,
+        backend(server.base_url, mode="completions") as llm,
+    ):
+        await llm.generate([request("x", token_ids=ids)], PARAMS)
+        await llm.generate([request("x", token_ids=ids)], PARAMS)
+        assert await llm.get_context_length() is None
+    assert [r.method for r in server.requests] == ["GET", "POST", "POST"]
+    assert [r.json["max_tokens"] for r in server.requests[1:]] == [64, 64]
+
+
+async def test_completions_text_prompt_over_the_window_is_retried_clamped() -> None:
+    async with (
+        serve_openai_compatible(max_model_len=60, overflow="reject", policy=long_answer) as server,
+        backend(server.base_url, mode="completions") as llm,
+    ):
+        [completion] = await llm.generate([request("hi")], PARAMS)
+    prompt = len(fake_token_ids(render_plain_prompt(request("hi").messages)))
+    assert [r.json["max_tokens"] for r in server.requests] == [64, 60 - prompt]
+    assert isinstance(completion, Completion) and len(completion.text) == 60 - prompt
+
+
+async def test_completions_mode_refuses_a_forced_tool_choice_per_request() -> None:
+    forced = GenerationRequest(
+        messages=(ChatMessage(role="user", content="x"),),
+        tools=(BASH_TOOL,),
+        tool_choice="required",
+    )
+    async with (
+        serve_openai_compatible() as server,
+        backend(server.base_url, mode="completions") as llm,
+    ):
+        ok, refused = await llm.generate([request("fine"), forced], PARAMS)
+    assert isinstance(ok, Completion)
+    assert isinstance(refused, GenerationError) and refused.request_index == 1
+    assert "completions route takes no tool_choice" in str(refused.error)
+    assert len(server.requests) == 1
+
+
+def test_parser_and_context_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="in chat mode the server parses"):
+        OpenAIBackend("http://127.0.0.1:1/v1", "m", reasoning_parser="qwen3")
+    with pytest.raises(ValueError, match="need tokenizer="):
+        OpenAIBackend("http://127.0.0.1:1/v1", "m", mode="completions", tool_call_parser="hermes")
+    for bad in (0, -5, True, 1.5):
+        with pytest.raises(ValueError, match="context_length"):
+            OpenAIBackend("http://127.0.0.1:1/v1", "m", context_length=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+def test_an_unknown_parser_name_lists_vllms_names() -> None:
+    with pytest.raises(ValueError, match=r"reasoning_parser='qwen9' .*\bqwen3\b"):
+        OpenAIBackend(
+            "http://127.0.0.1:1/v1", "m", mode="completions", tokenizer=object(),
+            reasoning_parser="qwen9",
+        )  # fmt: skip

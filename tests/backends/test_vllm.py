@@ -21,7 +21,13 @@ from llenvs_async.testing.fake_vllm import (
     FakeTokenizer,
     fake_logprob,
 )
-from llenvs_async.types import ChatMessage, GenerationError, GenerationRequest, SamplingParams
+from llenvs_async.types import (
+    ChatMessage,
+    Completion,
+    GenerationError,
+    GenerationRequest,
+    SamplingParams,
+)
 
 PARAMS = SamplingParams(max_tokens=32, temperature=0.5, seed=1)
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -305,3 +311,131 @@ def test_real_sampling_params_are_built_when_vllm_is_importable() -> None:
     built = make_sampling_params(PARAMS)
     assert (built.max_tokens, built.temperature, built.seed) == (32, 0.5, None)
     assert make_sampling_params(PARAMS, seed=5).seed == 5
+
+
+def _max_tokens_of(sampling_params: Any) -> int:
+    if isinstance(sampling_params, Mapping):
+        return int(sampling_params["max_tokens"])
+    return int(sampling_params.max_tokens)
+
+
+async def test_max_tokens_is_clamped_to_what_the_prompt_leaves_of_the_window() -> None:
+    engine = FakeAsyncLLM(policy=lambda prompt: "y" * 100)
+    backend = VLLMBackend(engine, context_length=50)
+    assert backend.context_length == 50 and await backend.get_context_length() == 50
+    ids = tuple(engine.tokenizer.encode("p" * 40, add_special_tokens=False))
+    short = tuple(engine.tokenizer.encode("p" * 5, add_special_tokens=False))
+    near, far = await backend.generate(
+        [request("x", token_ids=ids), request("x", token_ids=short)], PARAMS
+    )
+    sent = {len(sent_token_ids(p)): _max_tokens_of(sp) for _, p, sp in engine.requests}
+    assert sent == {len(ids): 50 - len(ids), len(short): PARAMS.max_tokens}
+    assert isinstance(near, Completion) and len(near.token_ids) == 50 - len(ids)
+    assert near.finish_reason == "length"
+    assert isinstance(far, Completion) and len(far.token_ids) == PARAMS.max_tokens
+
+
+async def test_a_prompt_that_fills_the_window_fails_alone_without_the_engine() -> None:
+    engine = FakeAsyncLLM(policy=user_text)
+    backend = VLLMBackend(engine, context_length=30)
+    full = tuple(engine.tokenizer.encode("p" * 30, add_special_tokens=False))
+    ok, over = await backend.generate(
+        [request("fine"), request("x", token_ids=full, rollout_index=3)], PARAMS
+    )
+    assert isinstance(ok, Completion) and ok.text == "fine"
+    assert isinstance(over, GenerationError) and over.request_index == 1
+    assert isinstance(over.error, ContextLengthError)
+    message = str(over.error)
+    assert "rollout 3" in message and "30 tokens" in message and "no room" in message
+    assert len(engine.requests) == 1  # the full prompt never reached the engine
+
+
+async def test_without_a_known_window_nothing_is_clamped() -> None:
+    engine = FakeAsyncLLM(policy=lambda prompt: "y" * 100)
+    backend = VLLMBackend(engine)
+    assert backend.context_length is None
+    [completion] = await backend.generate([request("x")], PARAMS)
+    assert isinstance(completion, Completion)
+    assert _max_tokens_of(engine.requests[0][2]) == PARAMS.max_tokens
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "f"}}])
+async def test_a_forced_tool_choice_without_a_tool_parser_is_that_requests_error(
+    choice: Any,
+) -> None:
+    engine = FakeAsyncLLM(policy=user_text)
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    forced = GenerationRequest(
+        messages=(ChatMessage(role="user", content="x"),), tools=(tool,), tool_choice=choice
+    )
+    free = GenerationRequest(
+        messages=(ChatMessage(role="user", content="free"),), tools=(tool,), tool_choice="auto"
+    )
+    outcome, ok = await VLLMBackend(engine).generate([forced, free], PARAMS)
+    assert isinstance(outcome, GenerationError) and outcome.request_index == 0
+    assert "needs VLLMBackend(tool_call_parser=...)" in str(outcome.error)
+    assert isinstance(ok, Completion)
+    assert len(engine.requests) == 1
+
+
+async def test_chat_template_kwargs_and_tools_reach_the_template() -> None:
+    seen: list[dict[str, Any]] = []
+
+    class Recording:
+        def apply_chat_template(self, conversation: Any, **kwargs: Any) -> str:
+            seen.append(kwargs)
+            return "<|user|>x<|assistant|>"
+
+        def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+            return FakeTokenizer().encode(text, add_special_tokens=add_special_tokens)
+
+    tool = {"type": "function", "function": {"name": "f"}}
+    backend = VLLMBackend(
+        FakeAsyncLLM(), tokenizer=Recording(), chat_template_kwargs={"enable_thinking": False}
+    )
+    await backend.generate(
+        [GenerationRequest(messages=(ChatMessage(role="user", content="x"),), tools=(tool,))],
+        PARAMS,
+    )
+    assert seen == [
+        {
+            "tokenize": False,
+            "add_generation_prompt": True,
+            "enable_thinking": False,
+            "tools": [tool],
+        }
+    ]
+
+
+def test_bad_window_and_strict_level_arguments_are_refused() -> None:
+    for bad in (0, -1, True, 2.5):
+        with pytest.raises(ValueError, match="context_length"):
+            VLLMBackend(FakeAsyncLLM(), context_length=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="tool_strict_level must be one of auto, function"):
+        VLLMBackend(FakeAsyncLLM(), tool_strict_level="strict")
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
+def test_an_unknown_parser_name_is_a_value_error_listing_vllms_names() -> None:
+    with pytest.raises(ValueError, match=r"tool_call_parser='hermes3' .*\bhermes\b.*\bmistral\b"):
+        VLLMBackend(FakeAsyncLLM(), tool_call_parser="hermes3")
+    with pytest.raises(ValueError, match=r"reasoning_parser='qwen' .*\bdeepseek_r1\b.*\bqwen3\b"):
+        VLLMBackend(FakeAsyncLLM(), reasoning_parser="qwen")
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
+async def test_an_engine_built_here_gets_the_reasoning_parser(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: dict[str, Any] = {}
+
+    def fake_build(model: str, kwargs: Mapping[str, Any]) -> FakeAsyncLLM:
+        seen.update(kwargs)
+        return FakeAsyncLLM()
+
+    monkeypatch.setattr("llenvs_async.backends.vllm.build_engine", fake_build)
+    backend = VLLMBackend.from_engine_args(
+        model="tiny", reasoning_parser="qwen3", tool_call_parser="hermes", max_model_len=64
+    )
+    assert seen == {"reasoning_parser": "qwen3", "max_model_len": 64}
+    await backend.aclose()
