@@ -74,10 +74,14 @@ class BackendOptions:
                 f"--tool-choice must be auto, required or none, got {self.tool_choice!r}"
             )
         parsers = self.tool_call_parser is not None or self.reasoning_parser is not None
-        if parsers and self.kind is not BackendKind.vllm:
+        local = self.kind is BackendKind.vllm or (
+            self.kind is BackendKind.openai and self.token_mode
+        )
+        if parsers and not local:
             raise CliError(
-                "--tool-call-parser and --reasoning-parser configure the in-process engine "
-                "(--backend vllm); a server parses with its own `vllm serve` flags"
+                "--tool-call-parser and --reasoning-parser parse here (--backend vllm, or "
+                "--backend openai --token-mode); in chat mode the server parses with its own "
+                "`vllm serve` flags"
             )
 
     @property
@@ -104,6 +108,9 @@ def build_backend(options: BackendOptions, source: Source) -> Backend:
             tokenizer=options.tokenizer,
             # Chat mode: the server applies the template (token mode: the runner does).
             extra_body=_template_body(options),
+            # Token mode parses the raw completion here; chat mode's server parses.
+            tool_call_parser=options.tool_call_parser if options.token_mode else None,
+            reasoning_parser=options.reasoning_parser if options.token_mode else None,
         )
     from ..backends.vllm import VLLMBackend
 
@@ -112,6 +119,7 @@ def build_backend(options: BackendOptions, source: Source) -> Backend:
         model=options.model,
         tool_call_parser=options.tool_call_parser,
         reasoning_parser=options.reasoning_parser,
+        chat_template_kwargs=options.chat_template_kwargs,
     )
 
 

@@ -13,7 +13,7 @@ import pytest
 from llenvs_async.adapters.harbor import HarborAdapter, HarborEnvironment, load_local_dataset
 from llenvs_async.docker.engine import DockerEngine
 from llenvs_async.errors import ClosedError, ImageError, StaleStateError, VerifierError
-from llenvs_async.types import Action, State
+from llenvs_async.types import Action, Completion, State
 
 from .conftest import EXAMPLES, harbor_containers
 
@@ -58,9 +58,12 @@ async def test_episode_rules(adapter: HarborAdapter) -> None:
         assert state.hidden["task_name"] == "llenvs-examples/organize-files"
         assert json.loads(json.dumps(state.hidden)) == state.hidden
 
-        # The first fenced code block is the command; prose around it is ignored.
+        # A model's reply: two blocks run nothing; one block runs, prose around it ignored.
         text = "I will look first.\n```bash\nls inbox | sort\n```\nthen\n```\nrm -rf /app\n```"
-        step = await env.step(state, Action(text=text))
+        step = await env.step(state, Action(text=text, completion=Completion(text=text)))
+        assert "2 code blocks" in step.info["parse_error"] and "exit_code" not in step.info
+        text = text[: text.index("then")] + "then I will decide."
+        step = await env.step(step.next_state, Action(text=text, completion=Completion(text=text)))
         assert step.next_state.observation.text.splitlines()[:2] == ["README.md", "cache1.tmp"]
         assert step.reward == 0.0 and not step.next_state.done
 
@@ -76,7 +79,7 @@ async def test_episode_rules(adapter: HarborAdapter) -> None:
         # A stale state is refused; the step count and actions are the state's provenance.
         with pytest.raises(StaleStateError):
             await env.step(state, Action(text="pwd"))
-        assert failing.next_state.step == 5
+        assert failing.next_state.step == 6
         assert [a.text for a in failing.next_state.actions][-1] == "cat missing.txt"
 
 
