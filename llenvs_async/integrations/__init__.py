@@ -1,0 +1,13 @@
+"""Thin adapters to other projects, one module each, each behind its own extra.
+
+Leaves of the package: nothing in the core imports them, each imports its project lazily
+(inside functions; a missing one raises an error naming the extra to install) and builds on
+the runner's public API only, never a second rollout loop.
+
+- ``llenvs_async.integrations.trl``: TRL's ``GRPOTrainer(rollout_func=...)`` driven by a
+  ``TrajectoryRunner`` in token mode (``pip install 'llenvs-async[trl]'``).
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []
