@@ -56,12 +56,9 @@ class JsonProtocol(AgentProtocol):
             calls.append(Call("submit"))
         return Parsed(calls=tuple(calls)) if calls else Parsed(error="the reply does nothing")
 
-    def render(self, action: Action, step: int) -> Action:
-        parsed = Parsed() if is_model_output(action) else self.parse(action)
-        if not parsed.calls:
-            return action
-        keystrokes = [{"keystrokes": f"{command}\n"} for command in parsed.commands]
-        reply = {"analysis": "", "commands": keystrokes, "task_complete": parsed.submits}
+    def _shown(self, call: Call, step: int) -> Action:
+        keystrokes = [{"keystrokes": f"{call.command}\n"}] if call.kind == "bash" else []
+        reply = {"analysis": "", "commands": keystrokes, "task_complete": call.kind == "submit"}
         return Action(text=json.dumps(reply))
 
     def observe(self, parsed: Parsed, results: Sequence[CallResult]) -> Observation:

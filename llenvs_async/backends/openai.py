@@ -569,7 +569,8 @@ def _room(prompt_length: int, window: int, max_tokens: int) -> int:
 
 
 def _own_error(exc: BackendError, index: int, request: GenerationRequest) -> GenerationError:
-    """A failure found before sending, as the request's own outcome (naming it)."""
+    """A failure of one request (found before sending, or a rejection), as the request's
+    own outcome naming it."""
     error = type(exc)(
         f"request {index} of the round (rollout {request.rollout_index}, step {request.step}): "
         f"{exc.message}",
@@ -585,15 +586,7 @@ def _rejected(exc: BackendError, index: int, request: GenerationRequest) -> Gene
     """A rejection as the request's own outcome (naming it); anything else fails the round."""
     if not _is_rejection(exc):
         raise exc
-    error = type(exc)(
-        f"request {index} of the round (rollout {request.rollout_index}, step {request.step}): "
-        f"{exc.message}",
-        status_code=exc.status_code,
-        url=exc.url,
-        body=exc.body,
-    )
-    error.__cause__ = exc
-    return GenerationError(error=error, request_index=index)
+    return _own_error(exc, index, request)
 
 
 def _api_root(base_url: str) -> str:

@@ -77,7 +77,7 @@ def is_model_output(action: Action) -> bool:
 
 class AgentProtocol(ABC):
     """One action format. Subclasses set ``name`` and implement ``instructions``,
-    ``_parse_reply``, ``render`` and ``observe``; ``tools`` defaults to none."""
+    ``_parse_reply``, ``_shown`` and ``observe``; ``tools`` defaults to none."""
 
     name: ClassVar[str]
 
@@ -120,10 +120,18 @@ class AgentProtocol(ABC):
         """The shell commands ``action`` runs (snapshot cache keys, fork replay)."""
         return self.parse(action).commands
 
-    @abstractmethod
     def render(self, action: Action, step: int) -> Action:
         """``action`` as the conversation shows it: model output unchanged; a command as
-        written in this format's shape (deterministic in ``action`` and ``step``)."""
+        written in this format's shape (``_shown``, deterministic in the call and ``step``)."""
+        if is_model_output(action):
+            return action
+        calls = self.parse(action).calls
+        return self._shown(calls[0], step) if calls else action
+
+    @abstractmethod
+    def _shown(self, call: Call, step: int) -> Action:
+        """A command written by hand (``call``: one ``bash`` or ``submit``) as this format's
+        reply; parsing it must give the same call."""
 
     @abstractmethod
     def observe(self, parsed: Parsed, results: Sequence[CallResult]) -> Observation:

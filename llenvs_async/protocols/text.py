@@ -101,13 +101,7 @@ class TextProtocol(AgentProtocol):
             return Parsed(calls=(Call("submit"),))
         return Parsed(calls=(Call("bash", command=blocks[0]),))
 
-    def render(self, action: Action, step: int) -> Action:
-        if is_model_output(action):
-            return action
-        parsed = self.parse(action)
-        if not parsed.calls:
-            return action
-        call = parsed.calls[0]
+    def _shown(self, call: Call, step: int) -> Action:
         if call.kind == "submit":
             return Action(text=self.submit_word)
         return Action(text=f"```bash\n{call.command}\n```")

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..types import Action, Observation
-from ._base import AgentProtocol, Call, CallResult, Parsed, is_model_output
+from ._base import AgentProtocol, Call, CallResult, Parsed
 
 __all__ = ["ToolsProtocol"]
 
@@ -152,13 +152,8 @@ class ToolsProtocol(AgentProtocol):
             return Parsed(error="the reply called no tool; call bash or submit")
         return Parsed(calls=tuple(_call(raw, i) for i, raw in enumerate(action.tool_calls)))
 
-    def render(self, action: Action, step: int) -> Action:
-        if is_model_output(action):
-            return action
-        parsed = self.parse(action)
-        if not parsed.calls:
-            return action
-        call, call_id = parsed.calls[0], f"call_{step}_0"
+    def _shown(self, call: Call, step: int) -> Action:
+        call_id = f"call_{step}_0"
         if call.kind == "submit":
             shown = _tool_call("submit", {}, call_id)
         else:
