@@ -581,3 +581,85 @@ async def test_the_servers_models_route_is_what_we_read(tool_server: Server) -> 
         body = (await client.get(f"{tool_server.base_url}/models")).json()
     [entry] = body["data"]
     assert entry["id"] == SERVED_MODEL and entry["max_model_len"] == MAX_MODEL_LEN
+
+
+# ------------------------------------------------------------------- calls in a container
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def docker() -> AsyncIterator[Any]:
+    from llenvs_async.docker import DockerEngine, ensure_busybox_image
+    from llenvs_async.errors import DockerUnavailableError
+
+    engine = DockerEngine()
+    try:
+        await engine.connect()
+        await engine.version()
+    except DockerUnavailableError as exc:
+        await engine.aclose()
+        pytest.skip(f"no Docker engine answers ({exc}); run scripts/ensure-docker.sh")
+    try:
+        await ensure_busybox_image(engine)
+        yield engine
+    finally:
+        await engine.aclose()
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("token_mode", [False, True], ids=["chat", "tokens"])
+async def test_the_models_calls_run_in_a_container_and_are_answered_by_id(
+    llm: Any, docker: Any, token_mode: bool
+) -> None:
+    """The tiny model, forced to call bash (a named tool_choice), drives a real container
+    through the ``tools`` format: every call it makes is answered by its id, the commands
+    ran, the runner's max_steps stop is verified, and token mode stays token-exact."""
+    from llenvs_async import TrajectoryRunner
+    from llenvs_async.docker import BUSYBOX_IMAGE, DockerEnvironment, remove_own_containers_sync
+
+    backend = VLLMBackend(
+        llm, **PARSERS, tool_strict_level="parameter", chat_template_kwargs=NO_THINKING
+    )
+    factory = DockerEnvironment.factory(
+        image=BUSYBOX_IMAGE, engine=docker, action_format="tools", command_timeout=10
+    )
+    prototype = await factory()
+    async with prototype:
+        runner = TrajectoryRunner(
+            prototype,
+            backend,
+            replace(params(512), seed=11),
+            env_factory=factory,
+            max_steps=2,
+            tool_choice=NAMED_BASH,
+            token_mode=token_mode,
+            chat_template_kwargs=NO_THINKING if token_mode else None,
+        )
+        trajectories = await runner.run_batch([None] * 16)
+    assert remove_own_containers_sync() == []
+    ran = 0
+    for trajectory in trajectories:
+        assert trajectory.error is None, trajectory.error  # token mode: no prompt mismatch
+        # The runner's stop, verified: its max_steps, or the window a long call filled.
+        assert trajectory.stop_reason in ("max_steps", "context_length") and trajectory
+        assert trajectory.transitions[-1].info["truncation_reason"] == trajectory.stop_reason
+        for t in trajectory.transitions:
+            completion = t.completion
+            assert completion is not None
+            data = t.next_state.observation.data
+            if completion.finish_reason == "length":  # cut off inside the call: nothing ran
+                assert "cut off" in t.info["parse_error"] and "exit_code" not in t.info
+                ids = [call["id"] for call in completion.tool_calls]
+                assert [r["tool_call_id"] for r in data.get("tool_replies", [])] == ids
+            else:  # a complete forced call: it ran, and its reply carries its id
+                [call] = completion.tool_calls
+                assert t.info["parse_error"] is None
+                assert [r["tool_call_id"] for r in data["tool_replies"]] == [call["id"]]
+                if "exit_code" in t.info:  # it ran in the container
+                    command = json.loads(call["function"]["arguments"])["command"].strip()
+                    assert t.info["command"] == command and isinstance(t.info["exit_code"], int)
+                    ran += 1
+                else:  # an empty command or a bad timeout: answered with the error
+                    assert data["tool_replies"][0]["content"].startswith("[error:")
+            if token_mode:
+                assert t.tokens is not None and t.tokens.action_ids == completion.token_ids
+    assert ran >= 3, f"only {ran} forced calls of 16 rollouts completed within 512 tokens"

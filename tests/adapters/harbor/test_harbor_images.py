@@ -95,11 +95,16 @@ async def test_resolution_order_alias_then_local_then_standin() -> None:
 
 
 @pytest.mark.docker
-async def test_command_timeout_defaults_to_the_tasks_agent_timeout(
+async def test_a_command_gets_180_s_or_the_tasks_agent_timeout_when_asked(
     adapter: HarborAdapter, docker_engine: DockerEngine
 ) -> None:
     async with await adapter.get_environment(EXAMPLES) as env:
-        assert env.command_timeout_sec == 600.0  # no task yet: the fallback
+        assert env.command_timeout_sec == 180.0  # the default, separate from the budget
+        await env.reset("csv-totals")
+        assert env.task is not None and env.budget_left_sec is not None
+        assert env.command_timeout_sec == 180.0
+    async with await adapter.get_environment(EXAMPLES, command_timeout_sec="task") as env:
+        assert env.command_timeout_sec == 180.0  # no task yet: the fallback
         await env.reset("csv-totals")
         assert env.task is not None
         assert env.command_timeout_sec == env.task.config.agent.timeout_sec
