@@ -4,7 +4,10 @@ One row per trajectory: its token record (``input_ids``, ``loss_mask``, ``logpro
 one entry per 1 in the mask, ``turns`` as ``[start, end]`` action spans,
 ``prompt_length``), the weight versions that sampled it (``policy_versions``; and
 ``token_versions``, aligned with ``logprobs``, null when the backend reported none),
-per-step ``rewards``, ``total_reward``, ``task``, ``stop_reason`` and ``error``
+per-step ``rewards``, ``reasoning`` (the text the reasoning parser split off each step's
+completion, null where none; its tokens are in ``input_ids``) and ``parse_error`` (the
+action format's verdict, null when the reply parsed), ``total_reward``, ``task``,
+``stop_reason`` and ``error``
 (``"Type: message"`` or null: a failed rollout is a row, never dropped).
 ``--format parquet`` writes ``DIR/trajectories.parquet`` (``datasets.load_dataset(
 "parquet", data_dir=DIR)`` reads it); ``--format hf`` writes ``Dataset.save_to_disk(DIR)``.
@@ -54,12 +57,21 @@ def row(trajectory: Trajectory, *, rollout: int | None = None) -> dict[str, Any]
         "turns": [list(span) for span in record.turns],
         "prompt_length": record.prompt_length,
         "rewards": [float(t.reward) for t in trajectory.transitions],
+        "reasoning": [
+            None if t.completion is None else t.completion.reasoning
+            for t in trajectory.transitions
+        ],
+        "parse_error": [_text_or_none(t.info.get("parse_error")) for t in trajectory.transitions],
         "total_reward": float(trajectory.total_reward),
         "num_steps": len(trajectory),
         "stop_reason": trajectory.stop_reason,
         "success": trajectory.success,
         "error": None if error is None else f"{error.type}: {error.message}",
     }
+
+
+def _text_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 def token_versions(trajectory: Trajectory) -> list[int] | None:
@@ -131,6 +143,8 @@ def _schema() -> Any:
             ("turns", pa.list_(ids)),
             ("prompt_length", pa.int64()),
             ("rewards", pa.list_(pa.float64())),
+            ("reasoning", pa.list_(pa.string())),
+            ("parse_error", pa.list_(pa.string())),
             ("total_reward", pa.float64()),
             ("num_steps", pa.int64()),
             ("stop_reason", pa.string()),

@@ -26,7 +26,10 @@ async def token_trajectories() -> list[Trajectory]:
         text = "right" if request.rollout_index % 2 == 0 else "left"
         ids = (*tok.char_ids(text), IM_END)
         return Completion(
-            text=text, token_ids=ids, logprobs=tuple(-0.1 * (k + 1) for k in range(len(ids)))
+            text=text,
+            token_ids=ids,
+            logprobs=tuple(-0.1 * (k + 1) for k in range(len(ids))),
+            reasoning=f"step {request.step}" if request.rollout_index == 0 else None,
         )
 
     backend = ScriptedBackend(policy, tokenizer=tok, policy_version=3)
@@ -46,6 +49,8 @@ def expected_row(traj: Trajectory) -> dict[str, Any]:
         "turns": [list(t) for t in record.turns],
         "prompt_length": record.prompt_length,
         "rewards": [t.reward for t in traj.transitions],
+        "reasoning": [t.completion and t.completion.reasoning for t in traj.transitions],
+        "parse_error": [None] * len(traj.transitions),
         "stop_reason": traj.stop_reason,
         "task": str(traj.initial_state.task),
     }
@@ -79,6 +84,7 @@ async def test_export_round_trip_equals_the_token_records(
         assert {k: got[k] for k in want} == want
         assert got["episode_id"] == traj.episode_id
         assert got["total_reward"] == traj.total_reward
+    assert rows[0]["reasoning"] == ["step 0", "step 1", "step 2"][: len(trajs[0])]
     assert rows[2]["error"].startswith("BackendError: token mode")
     assert rows[0]["error"] is None
     assert sum(rows[0]["loss_mask"]) == len(rows[0]["logprobs"])

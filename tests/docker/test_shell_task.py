@@ -72,7 +72,7 @@ def make_env(engine: DockerEngine, busybox_image: str) -> Callable[..., Callable
 
 
 async def run_one(
-    make_env: Callable[..., Any], backend: Replies, max_steps: int | None = None, **env: Any
+    make_env: Callable[..., Any], backend: Any, max_steps: int | None = None, **env: Any
 ) -> Any:
     factory = make_env(**env)
     prototype = await factory()
@@ -187,3 +187,24 @@ async def test_the_runners_max_steps_stop_is_verified(make_env: Any) -> None:
     assert cut.stop_reason == "max_steps" and len(cut) == 2
     assert cut.total_reward == 1.0
     assert cut.transitions[-1].info["truncation_reason"] == "max_steps"
+
+
+async def test_a_servers_context_window_400_after_a_correct_step_still_scores(
+    make_env: Any,
+) -> None:
+    """Over HTTP: the second prompt (the first step's long output) is over the server's
+    window; its 400 ends the rollout, and the container that holds the answer scores 1.0."""
+    from llenvs_async.backends.openai import OpenAIBackend
+    from llenvs_async.testing.openai_server import serve_openai_compatible
+
+    def policy(messages: list[dict[str, Any]]) -> str:
+        return "Writing it now.\n```bash\nseq 1 2000 && echo 1 > /tmp/out\n```"
+
+    async with serve_openai_compatible(policy=policy, max_model_len=5000) as server:
+        backend = OpenAIBackend(server.base_url, server.model, mode="chat")
+        async with backend:
+            trajectory = await run_one(make_env, backend)
+    assert trajectory.error is None, trajectory.error
+    assert trajectory.stop_reason == "context_length" and len(trajectory) == 1
+    assert trajectory.total_reward == 1.0
+    assert trajectory.transitions[0].info["truncation_reason"] == "context_length"
