@@ -58,8 +58,7 @@ def row(trajectory: Trajectory, *, rollout: int | None = None) -> dict[str, Any]
         "prompt_length": record.prompt_length,
         "rewards": [float(t.reward) for t in trajectory.transitions],
         "reasoning": [
-            None if t.completion is None else t.completion.reasoning
-            for t in trajectory.transitions
+            None if t.completion is None else t.completion.reasoning for t in trajectory.transitions
         ],
         "parse_error": [_text_or_none(t.info.get("parse_error")) for t in trajectory.transitions],
         "total_reward": float(trajectory.total_reward),
