@@ -2,6 +2,10 @@
 throughput with two nodes vs one (a real local cluster on 127.0.0.1; both nodes share this
 machine's cores and its one Docker engine, so two nodes cannot be faster here).
 
+Two ways to place B instances: one actor each (B Ray calls per round), and
+``instances_per_actor=ceil(B / nodes)`` (one actor per node: one batched call per node
+per round).
+
 ``python -m benchmarks.bench_ray [--quick] [--out DIR]`` (needs the ``ray`` extra).
 """
 
@@ -10,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from statistics import median
 from typing import Any
@@ -26,6 +30,7 @@ from ._workload import LatencyBackend
 __all__ = ["main", "run"]
 
 FULL: dict[str, Any] = {
+    "nodes": 2,
     "sizes": [8, 32, 64],
     "steps": 10,
     "env_latency_s": 0.020,
@@ -34,6 +39,7 @@ FULL: dict[str, Any] = {
     "cpus_per_node": 1,
 }
 QUICK: dict[str, Any] = {
+    "nodes": 2,
     "sizes": [2, 4],
     "steps": 2,
     "env_latency_s": 0.002,
@@ -110,9 +116,11 @@ async def through_ray(pool: list[RayEnvironment], size: int, steps: int, latency
     return await timed_batch(factory, size, steps, latency)
 
 
-async def make_pool(size: int, latency: float) -> tuple[list[RayEnvironment], float, set[str]]:
+async def make_pool(
+    size: int, latency: float, per_actor: int = 1
+) -> tuple[list[RayEnvironment], float, set[str]]:
     """``size`` live proxies, the seconds their creation took, and the nodes they are on."""
-    remote = ray_env_factory(_Counter(latency))
+    remote = ray_env_factory(_Counter(latency), instances_per_actor=per_actor)
     started = time.perf_counter()
     pool = list(await asyncio.gather(*(remote() for _ in range(size))))
     return pool, time.perf_counter() - started, {p.node_id for p in pool}
@@ -135,31 +143,51 @@ async def bare_round(pool: Sequence[RayEnvironment]) -> float:
     return 1000 * (time.perf_counter() - started)
 
 
+async def one_call(pool: Sequence[RayEnvironment], calls: int = 20) -> float:
+    """Milliseconds per no-op call to one actor, one at a time (Ray's latency per call)."""
+    started = time.perf_counter()
+    for _ in range(calls):
+        await pool[0]._actor.where.remote()
+    return 1000 * (time.perf_counter() - started) / calls
+
+
 async def close_all(pool: Sequence[RayEnvironment]) -> None:
     await asyncio.gather(*(p.aclose() for p in pool))
 
 
 async def overhead_side(p: dict[str, Any]) -> dict[str, Any]:
-    """On the connected cluster: each size, in-process vs Ray, interleaved repeats."""
+    """On the connected cluster: each size, in-process vs Ray, interleaved repeats; an
+    actor per instance, then one actor per node (each with only its own actors alive:
+    idle Ray workers take CPU too)."""
     latency, steps = p["env_latency_s"], p["steps"]
-    out: dict[str, Any] = {"in-process": {}, "ray": {}, "create_s": {}, "nodes": {}, "bare_ms": {}}
+    out: dict[str, Any] = {
+        "in-process": {}, "ray": {}, "in-process, shared": {}, "shared": {}, "create_s": {},
+        "nodes": {}, "bare_ms": {}, "call_ms": {}, "per_actor": {}, "shared_nodes": {},
+    }  # fmt: skip
     for size in p["sizes"]:
-        pool, created, nodes = await make_pool(size, latency)
-        out["create_s"][size], out["nodes"][size] = created, len(nodes)
-        try:
-            await through_ray(pool, size, 2, latency)  # warm-up
-            for _ in range(p["repeats"]):
-                gc.collect()
-                out["in-process"].setdefault(size, []).append(
-                    await in_process(size, steps, latency)
-                )
-                gc.collect()
-                out["ray"].setdefault(size, []).append(
-                    await through_ray(pool, size, steps, latency)
-                )
-                out["bare_ms"].setdefault(size, []).append(await bare_round(pool))
-        finally:
-            await close_all(pool)
+        per_actor = -(-size // p["nodes"])
+        out["per_actor"][size] = per_actor
+        for side, per in (("ray", 1), ("shared", per_actor)):
+            pool, created, nodes = await make_pool(size, latency, per)
+            if side == "ray":
+                out["create_s"][size], out["nodes"][size] = created, len(nodes)
+            else:
+                out["shared_nodes"][size] = len(nodes)
+            local = "in-process" if side == "ray" else "in-process, shared"
+            try:
+                await through_ray(pool, size, 2, latency)  # warm-up
+                for _ in range(p["repeats"]):
+                    gc.collect()
+                    out[local].setdefault(size, []).append(await in_process(size, steps, latency))
+                    gc.collect()
+                    out[side].setdefault(size, []).append(
+                        await through_ray(pool, size, steps, latency)
+                    )
+                    if side == "ray":
+                        out["bare_ms"].setdefault(size, []).append(await bare_round(pool))
+                        out["call_ms"].setdefault(size, []).append(await one_call(pool))
+            finally:
+                await close_all(pool)
     return out
 
 
@@ -180,13 +208,13 @@ async def throughput_side(p: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def on_cluster(nodes: int, p: dict[str, Any], body: Callable[[], Awaitable[Any]]) -> Any:
+def on_cluster(nodes: int, p: dict[str, Any], body: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
     capacity = max([*p["sizes"], p["throughput_B"]])
     with (
         LocalRayCluster(nodes, resources={"docker": capacity}, num_cpus=p["cpus_per_node"]) as c,
         connect(c.address),
     ):
-        result = asyncio.run(body())
+        result: Any = asyncio.run(body())
         assert c.remote_connections() == [], "a Ray connection left 127.0.0.1"
     return result
 
@@ -198,12 +226,18 @@ def run(quick: bool = False) -> Result:
     async def two_nodes() -> tuple[dict[str, Any], dict[str, float]]:
         return await overhead_side(p), await throughput_side(p)
 
-    over, two = on_cluster(2, p, two_nodes)
+    over, two = on_cluster(p["nodes"], p, two_nodes)
     one = on_cluster(1, p, lambda: throughput_side(p))
+
+    def extra(side: str, b: int) -> float:
+        """Median overhead per round through Ray beyond in-process (same phase), ms."""
+        local = "in-process" if side == "ray" else "in-process, shared"
+        ms: float = median(s.overhead_ms for s in over[side][b])
+        return ms - float(median(s.overhead_ms for s in over[local][b]))
 
     rows = []
     for b in sizes:
-        local, remote = over["in-process"][b], over["ray"][b]
+        local, remote, shared = over["in-process"][b], over["ray"][b], over["shared"][b]
         rows.append(
             [
                 b,
@@ -212,21 +246,31 @@ def run(quick: bool = False) -> Result:
                 fmt_spread(spread([s.overhead_ms for s in local])),
                 fmt(median(s.wall for s in remote)),
                 fmt_spread(spread([s.overhead_ms for s in remote])),
-                fmt(median(s.overhead_ms for s in remote) - median(s.overhead_ms for s in local)),
+                fmt(extra("ray", b)),
                 fmt(median(over["bare_ms"][b])),
+                fmt(median(over["call_ms"][b])),
+                over["per_actor"][b],
+                fmt_spread(spread([s.overhead_ms for s in shared])),
+                fmt(extra("shared", b)),
                 fmt(over["create_s"][b]),
                 over["nodes"][b],
             ]
         )
     big = sizes[-1]
-    extra_ms = median(s.overhead_ms for s in over["ray"][big]) - median(
-        s.overhead_ms for s in over["in-process"][big]
-    )
     ratio = two["steady"] / one["steady"]
     targets = [
         Target(
-            f"Ray's extra cost per lockstep round at B={big}",
-            extra_ms,
+            f"Ray's extra cost per lockstep round at B={big}, an actor per instance",
+            extra("ray", big),
+            p["env_latency_s"] * 1000,
+            "<=",
+            "ms",
+            f"median; below one simulated step. Floor: {big} Ray calls per round",
+        ),
+        Target(
+            f"Ray's extra cost per lockstep round at B={big}, one actor per node "
+            f"(instances_per_actor={over['per_actor'][big]})",
+            extra("shared", big),
             p["env_latency_s"] * 1000,
             "<=",
             "ms",
@@ -258,6 +302,10 @@ def run(quick: bool = False) -> Result:
                     "Ray overhead ms/round (min-max)",
                     "Ray extra ms/round",
                     "bare Ray round of B no-op calls ms",
+                    "one no-op call ms",
+                    "instances per actor (one actor per node)",
+                    "shared actors: overhead ms/round (min-max)",
+                    "shared actors: extra ms/round",
                     "creating B actors s",
                     "nodes used",
                 ],
@@ -280,8 +328,12 @@ def run(quick: bool = False) -> Result:
                 "B (concurrent rollouts)",
                 "ms per round beyond the simulated step",
                 {
-                    side: [(b, median(s.overhead_ms for s in over[side][b])) for b in sizes]
-                    for side in ("in-process", "ray")
+                    label: [(b, median(s.overhead_ms for s in over[side][b])) for b in sizes]
+                    for side, label in (
+                        ("in-process", "in-process"),
+                        ("ray", "ray, an actor per instance"),
+                        ("shared", "ray, one actor per node"),
+                    )
                 },
                 logx=True,
             )
@@ -290,9 +342,15 @@ def run(quick: bool = False) -> Result:
             "Overhead per round = (wall - critical path) / rounds; critical path = (steps + 1)"
             " x the simulated step (reset + steps, no jitter, a zero-latency backend).",
             "'bare Ray round' times B no-op calls on the same actors, without the runner or the "
-            "proxy: what Ray itself costs per round on this machine.",
+            "proxy: what Ray itself costs per round on this machine with an actor per instance "
+            "(B calls per round); 'one no-op call' is one such call at a time.",
+            "'shared actors': ray_env_factory(instances_per_actor=ceil(B / nodes)), one actor "
+            "per node: the round's steps go as one batched call per actor (2 calls per round), "
+            "replies streamed back as they finish.",
             "Ray rows reuse B live actors (created once, timed in 'creating B actors'); "
-            "in-process and Ray repeats are interleaved.",
+            "in-process and Ray repeats are interleaved. The two placements are measured one "
+            "after the other, each with only its own actors alive (B idle Ray workers take "
+            "about a third of this machine's 2 cores), each against its own in-process runs.",
             "Every node of the cluster runs on this machine (127.0.0.1, 1 CPU each) and would "
             "share its one Docker engine: two nodes add scheduling spread, not cores, so the "
             "two/one ratio shows the cost of spreading, not a speedup. On real machines each "
@@ -300,11 +358,13 @@ def run(quick: bool = False) -> Result:
         ],
         data={
             side: {str(b): [[s.wall, s.critical, s.steps] for s in over[side][b]] for b in sizes}
-            for side in ("in-process", "ray")
+            for side in ("in-process", "ray", "in-process, shared", "shared")
         }
         | {
             "create_s": {str(b): v for b, v in over["create_s"].items()},
             "bare_ms": {str(b): v for b, v in over["bare_ms"].items()},
+            "call_ms": {str(b): v for b, v in over["call_ms"].items()},
+            "shared_nodes": {str(b): v for b, v in over["shared_nodes"].items()},
             "one": one,
             "two": two,
         },

@@ -21,6 +21,10 @@ async def slow_counter() -> CounterEnv:
     return CounterEnv(latency=0.05, max_steps=20)
 
 
+async def slower_counter() -> CounterEnv:
+    return CounterEnv(latency=1.0, reset_latency=0.0, max_steps=20)
+
+
 async def harbor() -> HarborEnvironment:
     return await HarborAdapter().get_environment(EXAMPLES, max_steps=30)
 

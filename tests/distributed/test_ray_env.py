@@ -164,3 +164,130 @@ async def test_a_killed_actor_fails_only_its_rollout(ray_cluster: object) -> Non
     assert failed[0].info["node_id"] == victim[0] and victim[0] in failed[0].error.message
     assert [t.total_reward for t in trajectories if t.error is None] == [1.0] * 3
     assert factory.live == 0 and live_actors() == []
+
+
+async def test_a_step_shares_the_driver_s_history_as_a_local_step_does(ray_cluster: object) -> None:
+    from llenvs_async.distributed import ray_env_factory
+
+    proxy = await ray_env_factory(_envs.counter)()
+    async with proxy:
+        state = await proxy.reset(3)
+        for _ in range(3):
+            action = Action(text="inc")
+            result = await proxy.step(state, action)
+            # Only the new step crossed: the next state extends this very history.
+            assert result.next_state.history.extends(state.history)
+            assert result.next_state.history.last is not None
+            assert result.next_state.history.last.action is action
+            state = result.next_state
+        assert state.observation.text == "Counter is 3." and len(state.history) == 3
+
+
+async def test_instances_sharing_actors_run_the_same_rollouts(ray_cluster: object) -> None:
+    from llenvs_async.distributed import ray_env_factory, remote_restore
+
+    with pytest.raises(ValueError, match="instances_per_actor"):
+        ray_env_factory(_envs.counter, instances_per_actor=0)
+    # Each actor reserves docker 3 (of 4 per node): two actors take both nodes.
+    factory = ray_env_factory(_envs.counter, instances_per_actor=3)
+    actors: list[int] = []
+
+    def policy(request: GenerationRequest) -> str:
+        actors.append(factory.actors)
+        return _envs.counter_policy(request)
+
+    runner = TrajectoryRunner(
+        CounterEnv(), ScriptedBackend(policy),
+        env_factory=factory, restore_fn=remote_restore(replay_restore),
+    )  # fmt: skip
+    tasks = [1, 2, 3, 4, 5, 1, 2, 3]
+    trajectories = await runner.run_batch(tasks, batch_size=6)
+    local = await TrajectoryRunner(CounterEnv(), ScriptedBackend(_envs.counter_policy)).run_batch(
+        tasks, batch_size=6
+    )
+    assert [t.error for t in trajectories] == [None] * len(tasks)
+    assert [[s.action for s in t.transitions] for t in trajectories] == [
+        [s.action for s in t.transitions] for t in local
+    ]
+    assert [t.total_reward for t in trajectories] == [1.0] * len(tasks)
+    assert {t.info["node_id"] for t in trajectories} == set(node_ids(ray_cluster).values())
+    assert max(actors) == 2 and factory.peak_live == 6 and factory.created == len(tasks)
+    assert factory.live == 0 and factory.actors == 0 and live_actors() == []
+
+    saved = trajectories[4].transitions[2].next_state  # task 5, counter at 3
+    again = await runner.run_batch_from_states([saved] * 4, batch_size=4)
+    assert [(t.total_reward, len(t), t.error) for t in again] == [(1.0, 3, None)] * 4
+    assert factory.actors == 0 and live_actors() == []
+
+
+async def test_a_killed_shared_actor_fails_exactly_its_instances(ray_cluster: object) -> None:
+    import ray
+
+    from llenvs_async.distributed import ray_env_factory
+
+    factory = ray_env_factory(_envs.counter, instances_per_actor=2)
+    victim: list[str] = []
+
+    def policy(request: GenerationRequest) -> str:
+        if request.step == 1 and not victim:  # every instance exists and has stepped once
+            proxy = next(iter(factory._live.values()))
+            victim.append(proxy.placement.actor_name)
+            ray.kill(proxy._actor, no_restart=True)
+        return _envs.counter_policy(request)
+
+    runner = TrajectoryRunner(CounterEnv(), ScriptedBackend(policy), env_factory=factory)
+    trajectories = await runner.run_batch([3] * 4)
+    failed = [t for t in trajectories if t.error is not None]
+    assert len(failed) == 2
+    assert {(t.error.phase, t.error.type) for t in failed if t.error} == {
+        ("step", "InstanceLostError")
+    }
+    assert [t.total_reward for t in trajectories if t.error is None] == [1.0] * 2
+    assert factory.live == 0 and factory.actors == 0 and live_actors() == []
+
+
+async def test_cancelling_one_batched_step_cancels_it_in_the_actor_only(
+    ray_cluster: object,
+) -> None:
+    from llenvs_async.distributed import ray_env_factory
+
+    factory = ray_env_factory(_envs.slower_counter, instances_per_actor=2)
+    first, second = await asyncio.gather(factory(), factory())
+    async with first, second:
+        assert first.placement.actor_name == second.placement.actor_name
+        assert first.placement.slot != second.placement.slot
+        states = await asyncio.gather(first.reset(5), second.reset(5))
+        steps = [
+            asyncio.ensure_future(p.step(s, Action(text="inc")))
+            for p, s in zip((first, second), states, strict=True)
+        ]
+        await asyncio.sleep(0.3)  # both in flight in the actor, as one batch
+        steps[0].cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await steps[0]
+        assert (await steps[1]).next_state.observation.text == "Counter is 1."
+        # The cancelled step never finished there: its instance still steps from `states[0]`.
+        again = await first.step(states[0], Action(text="inc"))
+        assert again.next_state.observation.text == "Counter is 1."
+    assert factory.live == 0 and factory.actors == 0 and live_actors() == []
+
+
+async def test_cancelling_a_run_of_shared_actors_kills_them_all(ray_cluster: object) -> None:
+    from llenvs_async.distributed import ray_env_factory
+
+    factory = ray_env_factory(_envs.slow_counter, instances_per_actor=3)
+    stepped = asyncio.Event()
+
+    def policy(request: object) -> str:
+        if getattr(request, "step", 0) >= 2:
+            stepped.set()
+        return "inc"
+
+    runner = TrajectoryRunner(CounterEnv(), ScriptedBackend(policy), env_factory=factory)
+    run = asyncio.create_task(runner.run_batch([10] * 6))
+    await stepped.wait()
+    assert factory.live == 6 and factory.actors == 2 and len(live_actors()) == 2
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert factory.live == 0 and factory.actors == 0 and live_actors() == []
