@@ -432,6 +432,13 @@ def _settle(waiting: Mapping[int, asyncio.Future[Any]], error: BaseException | N
             )
 
 
+async def _verify_stop(
+    env: Environment, state: State, reason: str
+) -> tuple[float, Mapping[str, Any]] | None:
+    verify = getattr(env, "verify_stop", None)
+    return None if verify is None else await verify(state, reason)
+
+
 class RayEnvironment(AsyncResource):
     """An ``Environment`` whose instance lives in a Ray actor (made by ``RayEnvFactory``).
 
@@ -557,6 +564,13 @@ class RayEnvironment(AsyncResource):
         if isinstance(result, State):
             self._held = (key, result)
         return result
+
+    async def verify_stop(
+        self, state: State, reason: str
+    ) -> tuple[float, Mapping[str, Any]] | None:
+        """The instance's own ``verify_stop`` (a stop the runner made), run in its actor;
+        None when the instance has none."""
+        return await self.run(_verify_stop, state, reason)
 
     async def aclose(self) -> None:
         """Close the instance in its actor (removing its containers), then kill the actor

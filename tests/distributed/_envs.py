@@ -8,7 +8,7 @@ from pathlib import Path
 from llenvs_async.adapters.harbor import HarborAdapter, HarborEnvironment
 from llenvs_async.envs import CounterEnv
 from llenvs_async.errors import VerifierError
-from llenvs_async.types import GenerationRequest
+from llenvs_async.types import GenerationRequest, State
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks"
 
@@ -39,3 +39,15 @@ def counter_policy(request: GenerationRequest) -> str:
     assert isinstance(target, int)
     value = int(request.messages[-1].content.split("Counter is ")[1].split(".")[0])
     return "submit" if value >= target else "inc"
+
+
+class VerifiedCounter(CounterEnv):
+    """A counter whose runner-made stops are verified: reward 1.0 once it reached 2."""
+
+    async def verify_stop(self, state: State, reason: str) -> tuple[float, dict[str, str]]:
+        value = int(state.observation.text.split("Counter is ")[1].split(".")[0])
+        return (1.0 if value >= 2 else 0.0), {"verified_because": reason}
+
+
+async def verified_counter() -> VerifiedCounter:
+    return VerifiedCounter(max_steps=20)

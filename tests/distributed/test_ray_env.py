@@ -291,3 +291,17 @@ async def test_cancelling_a_run_of_shared_actors_kills_them_all(ray_cluster: obj
     with pytest.raises(asyncio.CancelledError):
         await run
     assert factory.live == 0 and factory.actors == 0 and live_actors() == []
+
+
+async def test_a_stop_the_runner_makes_is_verified_in_the_actor(ray_cluster: object) -> None:
+    from llenvs_async.distributed import ray_env_factory
+
+    factory = ray_env_factory(_envs.verified_counter)
+    runner = TrajectoryRunner(
+        CounterEnv(), ScriptedBackend(lambda request: "inc"), env_factory=factory, max_steps=3
+    )
+    [cut] = await runner.run_batch([9])
+    assert cut.error is None and cut.stop_reason == "max_steps" and len(cut) == 3
+    last = cut.transitions[-1]
+    assert last.info["verified_because"] == "max_steps" and last.reward == 1.0
+    assert factory.live == 0 and live_actors() == []
