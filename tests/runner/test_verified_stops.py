@@ -1,5 +1,6 @@
 """Every stop the runner makes is verified when the environment can verify: the context
-window (after a step, or before any: ``end_reward``) and the runner's ``max_steps``."""
+window (after a step, or before any: ``end_reward``) and the runner's ``max_steps``; and
+what chat mode re-sends of earlier turns (their reasoning only when kept)."""
 
 from __future__ import annotations
 
@@ -94,3 +95,27 @@ async def test_the_runners_max_steps_is_verified_once() -> None:
     assert traj.stop_reason == "max_steps" and len(traj) == 2
     assert env.stops == [(2, "max_steps")]
     assert [t.reward for t in traj.transitions] == [0.0, 1.0]
+
+
+async def test_chat_mode_resends_reasoning_only_when_kept() -> None:
+    """Earlier turns go back without their reasoning (as Qwen3's template does) unless the
+    runner keeps it; the completion keeps it either way."""
+    from llenvs_async import ScriptedBackend
+    from llenvs_async.envs import ChainEnv
+
+    seen: list[GenerationRequest] = []
+
+    def policy(request: GenerationRequest) -> Completion:
+        seen.append(request)
+        return Completion(text="right", reasoning=f"thought {request.step}")
+
+    for keep in (False, True):
+        seen.clear()
+        runner = TrajectoryRunner(
+            ChainEnv(min_length=2, num_tasks=1), ScriptedBackend(policy), keep_reasoning=keep
+        )
+        [traj] = await runner.run_batch([0])
+        assert traj.transitions[0].completion is not None
+        assert traj.transitions[0].completion.reasoning == "thought 0"
+        [earlier] = [m for m in seen[-1].messages if m.role == "assistant"][:1]
+        assert earlier.reasoning == ("thought 0" if keep else None)
