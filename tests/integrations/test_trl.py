@@ -1,6 +1,6 @@
 """The TRL adapter: our runner's token-mode rollouts as TRL ``rollout_func`` output.
 
-Tests marked ``trl`` need the real TRL package (``pip install 'llenvs-async[trl]'``):
+Tests marked ``trainers`` need the real TRL package (``pip install 'llenvs-async[trl]'``):
 skipped locally without it, FAILED in CI. The others exercise the conversion and the
 sync/async bridge without TRL: the adapter imports TRL only in ``rollout_func``.
 """
@@ -112,7 +112,7 @@ def thread_alive() -> bool:
 # -- the dict TRL gets ------------------------------------------------------------------
 
 
-@pytest.mark.trl
+@pytest.mark.trainers
 def test_multi_step_rollout_becomes_trl_dict_with_env_tokens_masked(tok: ChatMLTokenizer) -> None:
     pytest.importorskip("trl")
     policy = WordPolicy(tok.char_ids, IM_END, "right", "left")
@@ -423,7 +423,7 @@ def test_importing_the_adapter_does_not_import_trl() -> None:
 # -- a real GRPOTrainer -----------------------------------------------------------------
 
 
-@pytest.mark.trl
+@pytest.mark.trainers
 @pytest.mark.timeout(240)
 def test_grpo_trainer_takes_optimizer_steps_on_our_rollouts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
