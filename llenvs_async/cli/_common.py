@@ -9,6 +9,7 @@ import anyio
 from rich.console import Console
 
 from .._loop import resolve_loop
+from ..errors import LlenvsError
 
 __all__ = ["CliError", "console", "err_console", "run_async"]
 
@@ -18,11 +19,11 @@ console = Console()
 err_console = Console(stderr=True)
 
 
-class CliError(Exception):
-    """A user-facing failure: printed as one line on stderr, exit status ``code``."""
+class CliError(LlenvsError):
+    """A user-facing failure (bad flag, path or input): one line on stderr, exit ``code``."""
 
     def __init__(self, message: str, code: int = 2) -> None:
-        super().__init__(message)
+        super().__init__(message, code=code)
         self.code = code
 
 

@@ -18,7 +18,7 @@ from .config import (
     VerifierConfig,
 )
 from .dataset import HarborDataset, load_local_dataset
-from .environment import HarborEnvironment, HarborRuntime, format_observation
+from .environment import HarborEnvironment, HarborRuntime
 from .image import BuildSettings, ImageResolver, TaskImages, normalise_image_ref
 from .oracle import (
     HARBOR_DESTRUCTIVE,
@@ -38,7 +38,7 @@ from .registry import (
 )
 from .replay import collect_probes, default_probes, validate_replay_consistency
 from .restore import harbor_restore
-from .snapshot import SnapshotRestore, SnapshotStats, snapshot_restore
+from .snapshot import SnapshotRestore, SnapshotStats
 from .steps import oracle_actions, start_at_step
 from .task import HarborTask, TaskStep, load_task
 from .task_toml import parse_task_config
@@ -77,7 +77,6 @@ __all__ = [
     "collect_probes",
     "default_cache_dir",
     "default_probes",
-    "format_observation",
     "dataset_oracle",
     "harbor_mistakes",
     "harbor_oracle",
@@ -90,7 +89,6 @@ __all__ = [
     "parse_registry",
     "parse_reward",
     "parse_task_config",
-    "snapshot_restore",
     "split_dataset_spec",
     "start_at_step",
     "validate_replay_consistency",

@@ -54,15 +54,10 @@ __all__ = [
     "DATASET_LABEL",
     "HarborEnvironment",
     "HarborRuntime",
-    "format_observation",
 ]
 
 DEFAULT_COMMAND_TIMEOUT_SEC = 180.0
 """A command's time limit when the task gives no ``[agent].timeout_sec``."""
-
-
-# One rule for every shell-task environment (kept under the names this package exported).
-format_observation = observation_text
 
 
 def _positive(value: object) -> bool:
@@ -217,7 +212,7 @@ class HarborEnvironment(ShellTaskEnvironment):
         self._ensure_open()
         shell = self._require_shell()
         limit = timeout_sec or self.command_timeout_sec
-        return format_observation(await shell.run(command, timeout=limit), limit)
+        return observation_text(await shell.run(command, timeout=limit), limit)
 
     async def verify(self) -> VerifierResult:
         """Run the ``[[verifier.collect]]`` hooks, then the verifier (shared: ``tests/`` uploaded

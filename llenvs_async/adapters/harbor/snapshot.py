@@ -31,7 +31,6 @@ __all__ = [
     "SnapshotStats",
     "apply_shell_state",
     "capture_shell_state",
-    "snapshot_restore",
 ]
 
 
@@ -64,11 +63,3 @@ class SnapshotRestore(SnapshotFork[HarborEnvironment]):
         if env.runtime.engine is not None:
             return await env.runtime.engine.connect(), False  # the adapter's
         return await DockerEngine(env.runtime.docker_url).connect(), True
-
-
-def snapshot_restore(
-    *, engine: DockerEngine | None = None, timeout: float = 120.0
-) -> SnapshotRestore:
-    """A new ``SnapshotRestore``, e.g. ``restore_fn=snapshot_restore()`` of a runner used
-    with ``async with`` (which removes its snapshots at teardown)."""
-    return SnapshotRestore(engine=engine, timeout=timeout)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from llenvs_async.adapters.harbor import format_observation
 from llenvs_async.adapters.harbor.image import rewrite_from_lines
 from llenvs_async.docker.output import CommandResult
+from llenvs_async.docker.shell_task import observation_text
 
 
 @pytest.mark.parametrize(
@@ -27,7 +27,7 @@ from llenvs_async.docker.output import CommandResult
     ],
 )
 def test_observation_shows_output_and_non_zero_exit_codes(result: CommandResult, text: str) -> None:
-    observation = format_observation(result, 5.0)
+    observation = observation_text(result, 5.0)
     assert observation.startswith(text)
     assert ("[exit code:" in observation) is (result.exit_code not in (0, None))
 

@@ -16,7 +16,6 @@ from llenvs_async.adapters.harbor import (
     collect_probes,
     default_probes,
     harbor_restore,
-    snapshot_restore,
 )
 from llenvs_async.docker.engine import DockerEngine
 from llenvs_async.docker.ownership import current_owner
@@ -233,7 +232,7 @@ async def test_no_snapshot_image_or_container_remains_after_the_runner(
                 environment=live,
                 backend=backend,
                 env_factory=env_factory,
-                restore_fn=snapshot_restore(),
+                restore_fn=SnapshotRestore(),
             ) as runner:
                 return await runner.run_batch_from_states([saved] * 3, max_steps=1)
 
