@@ -21,6 +21,7 @@ from .export import export
 from .qvalues import q_values
 from .replay import validate_replay
 from .run import run as run_command
+from .serve import serve_openenv
 from .tasks import tasks_app
 from .view import view
 
@@ -39,6 +40,7 @@ app.command("validate-replay")(validate_replay)
 app.command("cleanup")(cleanup)
 app.command("export")(export)
 app.command("view")(view)
+app.command("serve-openenv")(serve_openenv)
 app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
     bench_command
 )

@@ -6,6 +6,9 @@ the runner's public API only, never a second rollout loop.
 
 - ``llenvs_async.integrations.trl``: TRL's ``GRPOTrainer(rollout_func=...)`` driven by a
   ``TrajectoryRunner`` in token mode (``pip install 'llenvs-async[trl]'``).
+- ``llenvs_async.integrations.openenv``: our environments behind OpenEnv's server
+  (``create_app``, ``llenvs-async serve-openenv``) and OpenEnv servers as our environments
+  (``OpenEnvEnvironment``) (``pip install 'llenvs-async[openenv]'``).
 """
 
 from __future__ import annotations

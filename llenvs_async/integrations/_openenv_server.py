@@ -1,0 +1,383 @@
+"""Our environments behind OpenEnv's own server: ``create_app`` and ``serving``.
+
+OpenEnv's ``HTTPEnvServer`` gives every WebSocket session (``/ws``) its own OpenEnv
+``Environment``, made by a zero-argument factory in a per-session worker thread, and calls
+its sync ``close()`` in that thread when the session ends: a ``close`` message, a client
+that vanished (``WebSocketDisconnect``), or its idle reaper. It awaits ``reset_async`` /
+``step_async`` on its event loop when a class overrides them. ``_Session`` does exactly
+that: the llenvs-async instance is made (by our async factory) at the session's first
+``reset``, on the server's loop, and ``close()`` blocks its worker thread until the
+instance's ``aclose()`` has run on that loop. The app is registered in OpenEnv's
+``production`` mode: only ``/ws`` sessions (capped) can reach an environment; the stateless
+HTTP ``/reset`` and ``/step`` (one fresh instance per request, uncapped) are not served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hmac
+import importlib
+import ipaddress
+import json
+import logging
+import socket
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from typing import Any
+
+from llenvs_async import Action, ClosedError, EnvError, EnvFactory, LlenvsError, State
+
+__all__ = ["create_app", "is_loopback", "serving"]
+
+_log = logging.getLogger("llenvs_async.integrations.openenv")
+
+ASGIApp = Callable[..., Awaitable[None]]
+_CLOSE_TIMEOUT = 120.0  # seconds a session's close waits for its instance's teardown
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names only this machine (``localhost`` or a loopback address)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _Hub:
+    """What one app shares: the factory, the server's loop, the live sessions and the
+    closes scheduled from the loop thread (awaited at shutdown)."""
+
+    def __init__(self, env_factory: EnvFactory, idle_timeout_s: float | None) -> None:
+        self.env_factory = env_factory
+        self.idle_timeout_s = idle_timeout_s
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.sessions: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.closing: set[asyncio.Task[None]] = set()
+
+    async def startup(self) -> None:
+        self.loop = asyncio.get_running_loop()
+
+    async def shutdown(self) -> None:
+        """Close every instance still open (sessions end first when clients disconnect)."""
+        for session in list(self.sessions):
+            await session.aclose_instance()
+        if self.closing:
+            await asyncio.wait(self.closing)
+
+
+@functools.cache
+def _models() -> tuple[type[Any], type[Any], type[Any]]:
+    """OpenEnv's ``Environment`` base, and our ``Action`` / ``Observation`` models."""
+    types = importlib.import_module("openenv.core.env_server.types")
+    interfaces = importlib.import_module("openenv.core.env_server.interfaces")
+    field = importlib.import_module("pydantic").Field
+
+    class LlenvsAction(types.Action):  # type: ignore[misc,name-defined]
+        """What the agent does: the text our environment parses (a command, the submit
+        word, or a model's whole reply)."""
+
+        text: str = field(..., description="The action text (e.g. a shell command)")
+
+    class LlenvsObservation(types.Observation):  # type: ignore[misc,name-defined]
+        """Our ``Observation`` and step outcome; ``done`` = terminated or truncated."""
+
+        text: str = field(default="", description="The observation text")
+        data: dict[str, Any] = field(default_factory=dict)
+        step: int = field(default=0, description="Steps taken since reset")
+        terminated: bool = False
+        truncated: bool = False
+        info: dict[str, Any] = field(default_factory=dict)
+
+    return interfaces.Environment, LlenvsAction, LlenvsObservation
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` as plain JSON data (anything else becomes its ``str``)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+@functools.cache
+def _session_class() -> type[Any]:
+    """The OpenEnv ``Environment`` subclass that runs one session (made once, lazily)."""
+    base, _, observation_cls = _models()
+    state_cls = importlib.import_module("openenv.core.env_server.types").State
+
+    class _Session(base):  # type: ignore[misc,valid-type]
+        """One OpenEnv session: one llenvs-async instance, made at the first reset."""
+
+        SUPPORTS_CONCURRENT_SESSIONS = True
+
+        def __init__(self, hub: _Hub) -> None:
+            super().__init__()
+            self._hub = hub
+            self._instance: Any = None
+            self._state: State | None = None
+            self._ended: str | None = None
+            hub.sessions.add(self)
+
+        async def reset_async(
+            self,
+            seed: int | None = None,
+            episode_id: str | None = None,
+            task: int | str | None = None,
+            **kwargs: Any,
+        ) -> Any:
+            if kwargs:
+                raise EnvError(
+                    f"reset got unknown fields {sorted(kwargs)}: it takes seed and task",
+                    fields=sorted(kwargs),
+                )
+            if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+                raise EnvError(f"reset field 'seed' must be an integer, got {seed!r}", seed=seed)
+            if task is not None and not isinstance(task, int | str):
+                raise EnvError(f"reset field 'task' must be an int or str, got {task!r}")
+            if self._instance is None:
+                self._check_open()
+                self._instance = await self._hub.env_factory()
+            self._state = None
+            state = await self._instance.reset(task, seed=seed)
+            self._state = state
+            return observation_cls(
+                text=state.observation.text,
+                data=_jsonable(dict(state.observation.data)),
+                step=state.step,
+                done=state.done,
+                terminated=state.terminated,
+                truncated=state.truncated,
+                info=_jsonable(dict(state.info)),
+                metadata={"episode_id": state.episode_id, "task": _jsonable(state.task)},
+            )
+
+        async def step_async(self, action: Any, timeout_s: float | None = None, **_: Any) -> Any:
+            self._check_open()
+            state = self._state
+            if state is None:
+                raise EnvError("step before reset: send a reset first")
+            if state.done:
+                raise EnvError(
+                    f"the episode is over (step {state.step}, "
+                    f"{'terminated' if state.terminated else 'truncated'}): send a reset",
+                    step=state.step,
+                )
+            self._state = None  # an interrupted step leaves no state to step from
+            async with asyncio.timeout(timeout_s):
+                result = await self._instance.step(state, Action(text=action.text))
+            nxt = result.next_state
+            self._state = nxt
+            return observation_cls(
+                text=nxt.observation.text,
+                data=_jsonable(dict(nxt.observation.data)),
+                step=nxt.step,
+                reward=result.reward,
+                done=result.terminated or result.truncated,
+                terminated=result.terminated,
+                truncated=result.truncated,
+                info=_jsonable(dict(result.info)),
+                metadata={"episode_id": nxt.episode_id},
+            )
+
+        def reset(self, seed: int | None = None, episode_id: str | None = None, **kw: Any) -> Any:
+            return self._from_thread(self.reset_async(seed, episode_id, **kw))
+
+        def step(self, action: Any, timeout_s: float | None = None, **kw: Any) -> Any:
+            return self._from_thread(self.step_async(action, timeout_s, **kw))
+
+        @property
+        def state(self) -> Any:
+            current = self._state
+            if current is None:
+                return state_cls(episode_id=None, step_count=0)
+            return state_cls(
+                episode_id=current.episode_id,
+                step_count=current.step,
+                task=_jsonable(current.task),
+                terminated=current.terminated,
+                truncated=current.truncated,
+            )
+
+        def close(self) -> None:
+            """Called by OpenEnv when the session ends: tear the instance down (blocking a
+            worker thread; scheduled and awaited at shutdown when on the loop's thread)."""
+            self._ended = self._ended or "it was closed (client gone, idle timeout or close)"
+            loop = self._hub.loop
+            if self._instance is None or loop is None:
+                return
+            if _on_loop_thread(loop):
+                task = loop.create_task(self.aclose_instance())
+                self._hub.closing.add(task)
+                task.add_done_callback(self._hub.closing.discard)
+                return
+            try:
+                future = asyncio.run_coroutine_threadsafe(self.aclose_instance(), loop)
+                future.result(_CLOSE_TIMEOUT)
+            except Exception:
+                _log.exception("closing an OpenEnv session's environment failed")
+
+        async def aclose_instance(self) -> None:
+            self._ended = self._ended or "the server shut down"
+            instance, self._instance = self._instance, None
+            if instance is not None:
+                await instance.aclose()
+
+        def _check_open(self) -> None:
+            if self._ended is not None:
+                raise ClosedError(f"this OpenEnv session ({self._ended})")
+
+        def _from_thread(self, work: Any) -> Any:
+            loop = self._hub.loop
+            if loop is None or _on_loop_thread(loop):
+                work.close()
+                raise EnvError("call reset_async/step_async on the server's event loop")
+            return asyncio.run_coroutine_threadsafe(work, loop).result()
+
+    return _Session
+
+
+def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+def create_app(
+    env_factory: EnvFactory,
+    *,
+    max_concurrent: int = 8,
+    idle_timeout_s: float | None = 600.0,
+    token: str | None = None,
+) -> Any:
+    """A FastAPI app (OpenEnv's ``HTTPEnvServer`` routes, ``production`` mode) serving a
+    fresh instance of ``env_factory`` per ``/ws`` session.
+
+    ``max_concurrent`` caps live sessions (one more is refused with ``CAPACITY_REACHED``);
+    ``idle_timeout_s`` ends sessions idle that long (``None``: never); ``token``, when
+    given, is required as ``Authorization: Bearer <token>`` on every request and session.
+    """
+    _require_openenv()
+    if isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int):
+        raise TypeError(f"max_concurrent must be an int, got {max_concurrent!r}")
+    if max_concurrent < 1:
+        raise ValueError(f"max_concurrent must be >= 1, got {max_concurrent}")
+    if idle_timeout_s is not None and not idle_timeout_s > 0:
+        raise ValueError(f"idle_timeout_s must be > 0 or None, got {idle_timeout_s!r}")
+    if token is not None and (not isinstance(token, str) or len(token) < 16):
+        raise ValueError("token must be a string of at least 16 characters")
+    if not callable(env_factory):
+        raise TypeError(f"env_factory must be an async zero-argument callable, got {env_factory!r}")
+    http_server = importlib.import_module("openenv.core.env_server.http_server")
+    types = importlib.import_module("openenv.core.env_server.types")
+    fastapi = importlib.import_module("fastapi")
+    _, action_cls, observation_cls = _models()
+    hub = _Hub(env_factory, idle_timeout_s)
+    session_cls: Any = _session_class()  # a class (in a partial): OpenEnv reads its flags
+    server = http_server.HTTPEnvServer(
+        functools.partial(session_cls, hub),
+        action_cls,
+        observation_cls,
+        concurrency_config=types.ConcurrencyConfig(
+            max_concurrent_envs=max_concurrent, session_timeout=idle_timeout_s
+        ),
+    )
+    app = fastapi.FastAPI(title="llenvs-async environments (OpenEnv)")
+    app.router.on_startup.append(hub.startup)
+    server.register_routes(app, mode="production")
+    app.router.on_shutdown.append(hub.shutdown)
+    app.state.llenvs_hub = hub
+    app.state.llenvs_token = token is not None
+    if token is not None:
+        app.add_middleware(_BearerAuth, token=token)
+    return app
+
+
+class _BearerAuth:
+    """ASGI middleware: every HTTP request and WebSocket handshake must carry the token."""
+
+    def __init__(self, app: ASGIApp, *, token: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {token}".encode()
+
+    async def __call__(
+        self,
+        scope: MutableMapping[str, Any],
+        receive: Callable[[], Awaitable[Any]],
+        send: Callable[[Any], Awaitable[None]],
+    ) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        given = dict(scope.get("headers") or ()).get(b"authorization", b"")
+        if hmac.compare_digest(given, self.expected):
+            return await self.app(scope, receive, send)
+        if scope["type"] == "websocket":  # closing before accept refuses the handshake (403)
+            await send({"type": "websocket.close", "code": 1008, "reason": "bad bearer token"})
+            return None
+        body = b'{"detail": "missing or wrong bearer token"}'
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"www-authenticate", b"Bearer")],
+            }
+        )  # fmt: skip
+        await send({"type": "http.response.body", "body": body})
+        return None
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    app: Any, *, host: str = "127.0.0.1", port: int = 0, allow_remote: bool = False
+) -> AsyncIterator[str]:
+    """Serve ``app`` (from ``create_app``) with uvicorn on this loop; yields its
+    ``http://host:port`` URL once it accepts connections; stops it (sessions ended,
+    instances closed) on exit. A non-loopback ``host`` needs ``allow_remote=True`` and an
+    app made with a ``token``."""
+    if not is_loopback(host):
+        if not allow_remote:
+            raise LlenvsError(
+                f"host {host!r} is not a loopback address: pass allow_remote=True "
+                "(--allow-remote) and a token to serve other machines",
+                host=host,
+            )
+        if not getattr(app.state, "llenvs_token", False):
+            raise LlenvsError(
+                f"serving on {host!r} needs a bearer token: create_app(..., token=...)",
+                host=host,
+            )
+    if isinstance(port, bool) or not 0 <= port <= 65535:
+        raise ValueError(f"port must be in 0..65535, got {port!r}")
+    uvicorn = importlib.import_module("uvicorn")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)  # connections wait in the backlog until uvicorn accepts them
+    except OSError as exc:
+        sock.close()
+        raise LlenvsError(f"cannot listen on {host}:{port} ({exc.strerror})", host=host) from exc
+    bound = sock.getsockname()[1]
+    config = uvicorn.Config(
+        app, log_level="warning", lifespan="on", ws="websockets-sansio",
+        timeout_graceful_shutdown=_CLOSE_TIMEOUT,
+    )  # fmt: skip
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]), name="llenvs-openenv-server")
+    try:
+        yield f"http://{f'[{host}]' if family == socket.AF_INET6 else host}:{bound}"
+    finally:
+        server.should_exit = True
+        try:
+            await asyncio.shield(task)
+        finally:
+            sock.close()
+
+
+def _require_openenv() -> None:
+    from .openenv import require_openenv
+
+    require_openenv()
