@@ -15,6 +15,7 @@ from typer.main import get_command
 
 from ..errors import LlenvsError
 from ._common import CliError
+from .atif import import_atif
 from .bench import bench as bench_command
 from .docker import cleanup, images_app
 from .export import export
@@ -39,6 +40,7 @@ app.command("q-values")(q_values)
 app.command("validate-replay")(validate_replay)
 app.command("cleanup")(cleanup)
 app.command("export")(export)
+app.command("import-atif")(import_atif)
 app.command("view")(view)
 app.command("serve-openenv")(serve_openenv)
 app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(

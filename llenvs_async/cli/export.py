@@ -12,6 +12,10 @@ action format's verdict, null when the reply parsed), ``total_reward``, ``task``
 ``--format parquet`` writes ``DIR/trajectories.parquet`` (``datasets.load_dataset(
 "parquet", data_dir=DIR)`` reads it); ``--format hf`` writes ``Dataset.save_to_disk(DIR)``.
 Needs the ``export`` extra (pyarrow, datasets).
+
+``--format atif`` writes every trajectory (token mode or not, failed ones too) as an ATIF
+document in Harbor's trial layout, ``DIR/<task>__<rollout>/agent/trajectory.json``, which
+Harbor's viewer and trace tools read; ``llenvs-async import-atif`` reads it back.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ PARQUET_FILE = "trajectories.parquet"
 class ExportFormat(StrEnum):
     parquet = "parquet"
     hf = "hf"
+    atif = "atif"
 
 
 def row(trajectory: Trajectory, *, rollout: int | None = None) -> dict[str, Any] | None:
@@ -180,16 +185,71 @@ def export(
     results: Annotated[Path, typer.Argument(help="JSONL of trajectories (e.g. run's results).")],
     out: Annotated[Path, typer.Option("--output", "-o", help="Directory to write.")],
     fmt: Annotated[
-        ExportFormat, typer.Option("--format", "-f", help="parquet or hf (save_to_disk).")
+        ExportFormat,
+        typer.Option("--format", "-f", help="parquet, hf (save_to_disk) or atif (Harbor's)."),
     ] = ExportFormat.parquet,
     skip_missing: Annotated[
         bool, typer.Option("--skip-missing", help="Skip trajectories without token ids.")
     ] = False,
 ) -> None:
-    """Export token-mode trajectories (input_ids, loss_mask, logprobs, rewards) for training."""
+    """Export token-mode trajectories (input_ids, loss_mask, logprobs, rewards) for training,
+    or every trajectory as ATIF (--format atif)."""
+    if fmt is ExportFormat.atif:
+        written = export_atif(results, out)
+        console.print(f"exported {written} ATIF trajectories to {out}", markup=False)
+        return
     rows, skipped = export_rows(results, skip_missing=skip_missing)
     if not rows:
         raise CliError(f"{results}: no token-mode trajectories to export", code=1)
     target = write_rows(rows, out, fmt)
     note = f" ({skipped} without token ids skipped)" if skipped else ""
     console.print(f"exported {len(rows)} trajectories to {target}{note}", markup=False)
+
+
+def export_atif(path: Path, out: Path) -> int:
+    """Every trajectory of a results JSONL as ``out/<task>__<rollout>/agent/trajectory.json``
+    (ATIF; the record's source kept for the import); returns how many were written."""
+    from ..serialization._atif import to_atif, write_atif
+
+    if not path.is_file():
+        raise CliError(f"results file {str(path)!r} does not exist")
+    out.mkdir(parents=True, exist_ok=True)
+    names: set[str] = {p.name for p in out.iterdir()}
+    written = 0
+    try:
+        for number, record in enumerate(read_jsonl(path), start=1):
+            data = record.get("trajectory")
+            if not isinstance(data, dict):
+                raise CliError(f"{path}: record {number} has no 'trajectory' object", code=1)
+            trajectory = from_dict(Trajectory, data)
+            raw_key = record.get("key")
+            key: dict[str, Any] = raw_key if isinstance(raw_key, dict) else {}
+            rollout = key.get("rollout")
+            task = key.get("task", trajectory.initial_state.task)
+            prompt = trajectory.info.get("system_prompt")
+            document = to_atif(
+                trajectory,
+                system_prompt=prompt if isinstance(prompt, str) else None,
+                source=record.get("source") if isinstance(record.get("source"), dict) else None,
+                rollout=rollout if isinstance(rollout, int) else None,
+            )
+            name = _trial_name(task, rollout if isinstance(rollout, int) else number - 1, names)
+            write_atif(document, out / name)
+            written += 1
+    except SerializationError as exc:
+        raise CliError(f"{path}: {exc}", code=1) from None
+    if not written:
+        raise CliError(f"{path}: no trajectories to export", code=1)
+    return written
+
+
+def _trial_name(task: Any, rollout: int, taken: set[str]) -> str:
+    """``<task short name>__<rollout>`` (as Harbor names trials), unique in ``taken``."""
+    short = str(task).rsplit("/", 1)[-1] if task is not None else "trajectory"
+    base = "".join(c if c.isalnum() or c in "-_." else "-" for c in short) + f"__{rollout}"
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        name = f"{base}-{n}"
+    taken.add(name)
+    return name

@@ -23,7 +23,8 @@ def view(
     files: Annotated[
         list[Path],
         typer.Argument(
-            help="Results JSONL of `run`; JSON of `q-values --json`, JSONL of its --trajectories."
+            help="Results JSONL of `run`; JSON of `q-values --json`, JSONL of its --trajectories; "
+            "ATIF files or directories (Harbor trials)."
         ),
     ],
     port: Annotated[

@@ -9,6 +9,8 @@ the runner's public API only, never a second rollout loop.
 - ``llenvs_async.integrations.openenv``: our environments behind OpenEnv's server
   (``create_app``, ``llenvs-async serve-openenv``) and OpenEnv servers as our environments
   (``OpenEnvEnvironment``) (``pip install 'llenvs-async[openenv]'``).
+- ``llenvs_async.integrations.atif``: Harbor's ATIF trajectories, ``to_atif`` / ``from_atif``
+  (pure; ``validate`` needs ``pip install 'llenvs-async[atif]'``).
 """
 
 from __future__ import annotations

@@ -3,8 +3,10 @@
 A file is a results JSONL (``llenvs-async run``: one record per line, a truncated last line
 ignored as everywhere), a ``q-values --json`` list, or the ``q-values --trajectories`` JSONL
 (results records that name their estimate's ``id``: the rollouts behind it, opened from the
-value tree, not listed as runs). Anything else fails with ONE ``ViewerInputError`` naming the
-file, the line (JSONL) or item (estimates), and the field.
+value tree, not listed as runs), or ATIF trajectories (``export --format atif``, or any Harbor
+agent's ``agent/trajectory.json``): a file, or a directory searched for them. Anything else
+fails with ONE ``ViewerInputError`` naming the file, the line (JSONL) or item (estimates), and
+the field.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ from ..types import Trajectory
 __all__ = ["ViewerInputError", "load_files", "trajectory_detail"]
 
 Json = dict[str, Any]
-_HINT = "(expected a results JSONL of `llenvs-async run` or the JSON of `q-values --json`)"
+_HINT = (
+    "(expected a results JSONL of `llenvs-async run`, the JSON of `q-values --json` "
+    "or ATIF trajectories)"
+)
 # Timing keys: seconds are ``*_sec`` (the project's convention: Docker/Harbor steps record
 # ``duration_sec``, a restored state ``replay_sec``); a start time is ``started_at``.
 _TIME_SUFFIX = "_sec"
@@ -77,6 +82,8 @@ def load_files(paths: Sequence[Path]) -> tuple[Json, list[Json]]:
 def _read(path: Path) -> tuple[str, list[Any]]:
     if not path.exists():
         raise ViewerInputError(f"{path}: no such file", path=str(path))
+    if path.is_dir():
+        return "atif", _read_atif(path)
     if not path.is_file():
         raise ViewerInputError(f"{path}: not a file", path=str(path))
     head = _first_char(path)
@@ -84,10 +91,51 @@ def _read(path: Path) -> tuple[str, list[Any]]:
         raise ViewerInputError(f"{path}: the file is empty {_HINT}", path=str(path))
     if head == "[":
         return "values", _read_estimates(path)
+    if head == "{" and _is_atif(path):
+        return "atif", _read_atif(path)
     if head == "{":
         records = _read_results(path)
         return ("run" if records[0][1] is None else "rollouts"), records
     raise ViewerInputError(f"{path}: starts with {head!r} {_HINT}", path=str(path))
+
+
+def _is_atif(path: Path) -> bool:
+    """One JSON object (not a JSONL) naming an ATIF ``schema_version``."""
+    with path.open("rb") as f:
+        head = f.read(4096)
+    if b'"schema_version"' not in head or b"ATIF-" not in head:
+        return False
+    try:
+        data = json.loads(path.read_bytes())
+    except ValueError:
+        return False
+    return isinstance(data, dict) and str(data.get("schema_version", "")).startswith("ATIF-")
+
+
+def _read_atif(path: Path) -> list[tuple[ResultRecord, str | None]]:
+    """ATIF trajectories as run records: the task they name, else their trial's directory
+    (``<trial>/agent/trajectory.json``) or file name; rollouts numbered per task."""
+    from ..cli._source_types import SourceSpec
+    from ..serialization._atif import AtifError, find_atif_files, from_atif, read_atif
+
+    out: list[tuple[ResultRecord, str | None]] = []
+    counts: dict[int | str, int] = {}
+    try:
+        for file in find_atif_files(path):
+            trajectory = from_atif(read_atif(file), skip_unknown_tools=True)
+            trial = file.parent.parent.name if file.parent.name == "agent" else file.stem
+            task = trajectory.initial_state.task
+            key: int | str = trial if task is None else task
+            counts[key] = counts.get(key, -1) + 1
+            record = ResultRecord(
+                task=key, rollout=counts[key], source=SourceSpec(), trajectory=trajectory
+            )
+            out.append((record, None))
+    except AtifError as exc:
+        raise ViewerInputError(str(exc), path=str(path)) from None
+    if not out:
+        raise ViewerInputError(f"{path}: no ATIF trajectory found {_HINT}", path=str(path))
+    return out
 
 
 def _first_char(path: Path) -> str:

@@ -453,7 +453,7 @@
         if (n.v && n.v.id) estimatesById.set(n.v.id, { label: `V(s) at ${at}` });
         for (const q of n.q) if (q.id) estimatesById.set(q.id, { label: `Q(s, ${q.action}) at ${at}` });
       }
-      const what = { run: "records", values: "estimates", rollouts: "rollouts" };
+      const what = { run: "records", values: "estimates", rollouts: "rollouts", atif: "ATIF trajectories" };
       document.getElementById("files").textContent = d.files.map((f) => `${f.path} (${f.records} ${what[f.kind]}` + (f.unmatched ? `, ${f.unmatched} of no loaded estimate` : "") + ")").join(" \u00b7 ");
       window.addEventListener("hashchange", route);
       route();
