@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
 
 from ..serialization import SerializationError, from_dict, read_jsonl
@@ -21,9 +23,11 @@ __all__ = [
     "ResultRecord",
     "load_results",
     "parse_result",
+    "print_summary",
     "record_fields",
     "summary_table",
     "unique_by_key",
+    "why_error",
     "why_zero",
 ]
 
@@ -87,25 +91,29 @@ def unique_by_key(records: Iterable[ResultRecord]) -> list[ResultRecord]:
 
 def summary_table(records: Sequence[ResultRecord], title: str) -> Table:
     """Per-task rollouts, success rate, mean return, mean steps and errors, plus a total row;
-    a "why 0" column when a verifier scored 0 without an error (its output's telling line)."""
+    a "why 0 / error" column when a rollout failed (its error's type and first line) or a
+    verifier scored 0 without an error (its output's telling line). Task names in full."""
     table = Table(title=title)
     groups: dict[int | str, list[Trajectory]] = {}
     for record in records:
         groups.setdefault(record.task, []).append(record.trajectory)
     everything = [t for ts in groups.values() for t in ts]
-    rows = sorted(groups.items(), key=lambda item: (isinstance(item[0], str), _short(item[0])))
-    reasons = {name: why_zero(trajs) for name, trajs in rows}
+    rows = sorted(groups.items(), key=lambda item: (isinstance(item[0], str), str(item[0])))
+    reasons = {name: why_error(trajs) or why_zero(trajs) for name, trajs in rows}
     columns = ["task", "rollouts", "success", "mean return", "mean steps", "errors"]
     if any(reasons.values()):
-        columns.append("why 0")
+        columns.append(_WHY)
     for column in columns:
-        table.add_column(column, justify="left" if column in ("task", "why 0") else "right")
+        if column in ("task", _WHY):  # folded onto more lines when too wide, never cut
+            table.add_column(column, justify="left", overflow="fold")
+        else:
+            table.add_column(column, justify="right", no_wrap=True)
     for name, trajs in [*rows, ("total", everything)]:
         if name == "total":
             table.add_section()
         n = len(trajs)
         cells = [
-            str(_short(name)),
+            escape(str(name)),
             str(n),
             f"{sum(t.success for t in trajs) / n:.0%}" if n else "-",
             _mean(t.total_reward for t in trajs),
@@ -118,6 +126,32 @@ def summary_table(records: Sequence[ResultRecord], title: str) -> Table:
     return table
 
 
+def print_summary(console: Console, table: Table) -> None:
+    """Print ``table``: on a terminal within its width; into a file or a pipe at the
+    table's own full width (a file has no screen to fit, so nothing is folded)."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    options = console.options.update_width(_FILE_WIDTH)
+    width = max(console.width, Measurement.get(console, options, table).maximum)
+    Console(file=console.file, width=width, color_system=None).print(table)
+
+
+def why_error(trajectories: Iterable[Trajectory]) -> str | None:
+    """For the last rollout that failed: its error's type and the first line of its
+    message (a failed build's log follows on later lines), cut to fit a table cell."""
+    for traj in reversed(list(trajectories)):
+        if traj.error is not None:
+            first = next((ln.strip() for ln in traj.error.message.splitlines() if ln.strip()), "")
+            first = _RUN_STEP_RE.sub("a RUN step returned", first)  # the step is in the log
+            return _cut(f"{traj.error.type}: {first}", _ERROR_CHARS)
+    return None
+
+
+_WHY = "why 0 / error"
+_RUN_STEP_RE = re.compile(r"The command '/bin/sh -c .*' returned")
+_FILE_WIDTH = 1000
+_ERROR_CHARS = 240
 _TELLING_RE = re.compile(
     r"error|fail|assert|not found|no such|denied|cannot|could not|refused|timed? ?out",
     re.IGNORECASE,
@@ -146,12 +180,12 @@ def why_zero(trajectories: Iterable[Trajectory]) -> str | None:
         kind, _, rest = line.partition(" ")
         if kind in ("FAILED", "ERROR") and "::" in rest:  # pytest: the test, not its path
             line = f"{kind} {rest.rsplit('::', 1)[1]}"
-        return line if len(line) <= _WHY_CHARS else line[: _WHY_CHARS - 3] + "..."
+        return _cut(line, _WHY_CHARS)
     return None
 
 
-def _short(key: int | str) -> int | str:
-    return key.rsplit("/", 1)[-1] if isinstance(key, str) else key
+def _cut(line: str, limit: int) -> str:
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def _mean(values: Iterable[float]) -> str:

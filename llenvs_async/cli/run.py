@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Awaitable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated
 
@@ -14,13 +14,14 @@ import typer
 from .._shield import shielded
 from ..env import EnvFactory, Environment, replay_restore
 from ..errors import DockerUnavailableError
+from ..runner import _timing
 from ..serialization import JsonlWriter
 from ..types import ErrorInfo, Observation, State, Trajectory
 from . import _options as opt
 from ._backend import BackendKind, BackendOptions, open_runner
 from ._common import CliError, console, err_console, run_async
 from ._progress import RolloutProgress
-from ._results import load_results, record_fields, summary_table, unique_by_key
+from ._results import load_results, print_summary, record_fields, summary_table, unique_by_key
 from ._sources import Source, SourceSpec, TaskRef, open_source, select_tasks
 
 __all__ = ["run"]
@@ -33,6 +34,23 @@ _FATAL = (TypeError, AttributeError, AssertionError, NameError, DockerUnavailabl
 class _Job:
     ref: TaskRef
     rollout: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Setup:
+    """A task's setup before its rollouts (its image built unless cached, a first reset):
+    when it began and how long it took, the share every trajectory of the task records."""
+
+    started_at: str
+    seconds: float
+
+    def add_to(self, trajectory: Trajectory) -> Trajectory:
+        """``trajectory`` with ``setup_sec`` in its info and in its ``wall_sec``."""
+        info = dict(trajectory.info)
+        info.setdefault("started_at", self.started_at)
+        info["setup_sec"] = self.seconds
+        info["wall_sec"] = _timing.seconds(float(info.get("wall_sec", 0.0)) + self.seconds)
+        return replace(trajectory, info=info)
 
 
 def run(
@@ -115,13 +133,13 @@ def run(
             )  # fmt: skip
     except KeyboardInterrupt:
         records = unique_by_key(load_results(out)) if out.exists() else []
-        console.print(summary_table(records, f"{out} (interrupted)"))
+        print_summary(console, summary_table(records, f"{out} (interrupted)"))
         err_console.print(
             f"interrupted: {len(records)} trajectories saved in {out}; continue with --resume"
         )
         raise typer.Exit(130) from None
     records = unique_by_key(load_results(out))
-    console.print(summary_table(records, str(out)))
+    print_summary(console, summary_table(records, str(out)))
     console.print(f"wrote {written} trajectories to {out} ({len(records)} in the file)")
     failed = [r.trajectory.error for r in records if r.trajectory.error is not None]
     if records and len(failed) == len(records):
@@ -194,13 +212,13 @@ async def _collect(
                 ) as progress,
             ):
                 starts = await _initial_states(source, jobs, n_concurrent)
-                runnable: list[tuple[_Job, State]] = []
-                for job, start in zip(jobs, starts, strict=True):
+                runnable: list[tuple[_Job, State, _Setup]] = []
+                for job, (start, setup) in zip(jobs, starts, strict=True):
                     if isinstance(start, State):
-                        runnable.append((job, start))
+                        runnable.append((job, start, setup))
                     else:  # the task itself failed to start: that is data too
-                        _save(writer, progress, spec, job, start)
-                states = [state for _, state in runnable]
+                        _save(writer, progress, spec, job, setup.add_to(start))
+                states = [state for _, state, _ in runnable]
                 if not states:  # every task failed to start: recorded above, nothing to roll out
                     return writer.written
                 async with contextlib.aclosing(
@@ -208,7 +226,8 @@ async def _collect(
                 ) as trajectories:
                     async for trajectory in trajectories:
                         assert trajectory.index is not None
-                        _save(writer, progress, spec, runnable[trajectory.index][0], trajectory)
+                        job, _, setup = runnable[trajectory.index]
+                        _save(writer, progress, spec, job, setup.add_to(trajectory))
                 return writer.written
 
 
@@ -250,23 +269,30 @@ def _save(
     progress.advance(traj)
 
 
+async def _timed(start: Awaitable[State | Trajectory]) -> tuple[State | Trajectory, _Setup]:
+    started_at, began = _timing.utc_now(), _timing.clock()
+    result = await start
+    return result, _Setup(started_at=started_at, seconds=_timing.seconds(_timing.clock() - began))
+
+
 async def _initial_states(
     source: Source, jobs: list[_Job], n_concurrent: int
-) -> list[State | Trajectory]:
-    """Each job's start state: a reset per rollout on a pure env, else one reset per task on
-    a throwaway instance. A task that cannot start yields failed trajectories instead.
+) -> list[tuple[State | Trajectory, _Setup]]:
+    """Each job's start state and its setup's timing: a reset per rollout on a pure env,
+    else one reset per task on a throwaway instance (which builds the task's image). A task
+    that cannot start yields failed trajectories instead.
     """
     env = source.environment
     if env.pure_step:
-        return [await _reset(source, env, job.ref, seed=job.rollout) for job in jobs]
+        return [await _timed(_reset(source, env, job.ref, seed=job.rollout)) for job in jobs]
     factory = source.env_factory
     assert factory is not None
-    by_task: dict[int | str, State | Trajectory] = {}
+    by_task: dict[int | str, tuple[State | Trajectory, _Setup]] = {}
     gate = anyio.Semaphore(n_concurrent)
 
     async def start(ref: TaskRef) -> None:
         async with gate:
-            by_task[ref.key] = await _fresh_reset(source, factory, ref)
+            by_task[ref.key] = await _timed(_fresh_reset(source, factory, ref))
 
     async with anyio.create_task_group() as tg:
         for ref in {job.ref.key: job.ref for job in jobs}.values():

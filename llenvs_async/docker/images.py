@@ -37,6 +37,7 @@ __all__ = [
     "IMAGE_LABEL",
     "PYTHON_STANDIN",
     "STANDIN_PATTERNS",
+    "STANDIN_PYTHON",
     "ImageInfo",
     "apt_mirror",
     "build_image",
@@ -63,6 +64,9 @@ STANDIN_PATTERNS: tuple[tuple[str, str], ...] = (
 )
 """Official base images (``fnmatch`` patterns on ``repository:tag``) and the local stand-in
 each maps to: a Debian bookworm rootfs (plus python3, pip and venv for ``python:3*``)."""
+STANDIN_PYTHON: Mapping[str, str] = {BASE_IMAGE: "3.11", PYTHON_STANDIN: "3.11"}
+"""The Python each stand-in carries (bookworm's python3), whatever the tag it stands in for
+has: ``python:3.12-slim`` and ``ubuntu:24.04`` (3.12 there) get 3.11 here."""
 _PYTHON_DOCKERFILE = f"""FROM {BASE_IMAGE}
 RUN apt-get update \\
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \\

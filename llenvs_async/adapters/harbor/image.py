@@ -21,14 +21,14 @@ import io
 import logging
 import re
 import tarfile
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ...docker.engine import DockerEngine
-from ...docker.images import STANDIN_PATTERNS, build_image, tag_slug
+from ...docker.images import STANDIN_PATTERNS, STANDIN_PYTHON, build_image, tag_slug
 from ...errors import ImageError
-from .provision import detect_provision, provision_dockerfile
+from .provision import VerifierProvision, detect_provision, provision_dockerfile, provision_hint
 from .task import HarborTask
 
 __all__ = [
@@ -65,6 +65,7 @@ _DOCKER_HUB_PREFIXES = (
     "registry-1.docker.io/",
     "library/",
 )
+_PYTHON_TAG_RE = re.compile(r"^python:(3\.\d+)")
 _CERT_HINTS = re.compile(
     r"CERTIFICATE_VERIFY_FAILED|certificate verify failed|self[- ]signed certificate|"
     r"unable to get local issuer certificate|invalid peer certificate|UnknownIssuer|"
@@ -129,7 +130,7 @@ class BuildSettings:
     network: bool = False
     ca_bundle: Path | None = None
     provision_verifier: bool = False
-    """Provision what a recognised uv/uvx ``test.sh`` fetches (see ``provision.py``)."""
+    """Provision what a recognised uv/uvx or pip ``test.sh`` fetches (``provision.py``)."""
     provision_index_url: str | None = None
     """The package index provisioning downloads from; ``None``: pip's and uv's default."""
 
@@ -141,6 +142,7 @@ class _Use:
     written: str
     line: int
     image: str
+    kind: str
 
 
 class ImageResolver:
@@ -177,7 +179,8 @@ class ImageResolver:
             (img for pat, img in STANDIN_PATTERNS if fnmatch.fnmatchcase(normal, pat)), None
         )
         hint = (
-            f"build its stand-in {standin} with `llenvs-async images build-standins`, or "
+            f"build its stand-in {standin} (Python {STANDIN_PYTHON[standin]}) with "
+            "`llenvs-async images build-standins`, or "
             if standin
             else ""
         )
@@ -384,12 +387,12 @@ class TaskImages:
         provision: bool = False,
     ) -> str:
         """Build ``dockerfile_path`` (its directory is the context) unless its tag exists;
-        ``provision``: with the verifier's uv/pytest fetched at build time."""
+        ``provision``: with what the verifier downloads fetched at build time."""
         dockerfile = await asyncio.to_thread(dockerfile_path.read_text, encoding="utf-8")
-        if provision:
-            dockerfile = await asyncio.to_thread(
-                _provisioned, task, dockerfile, self.build.provision_index_url
-            )
+        provided = await asyncio.to_thread(_provision_of, task) if provision else None
+        if provided is not None:
+            index_url = self.build.provision_index_url
+            dockerfile = provision_dockerfile(dockerfile, provided, index_url=index_url)
         uses = []
         for index, kind, written in _image_uses(dockerfile):
             image = await self.resolver.resolve(engine, written)
@@ -400,7 +403,7 @@ class TaskImages:
                     f"{self.resolver.how_to_map(written)}"
                 )
             self._warn(task, written, image)
-            uses.append(_Use(written=written, line=index, image=image))
+            uses.append(_Use(written=written, line=index, image=image, kind=kind))
         text = _rewrite(dockerfile, uses, self.build.ca_bundle is not None)
         context, content_hash = await asyncio.to_thread(
             functools.partial(
@@ -419,7 +422,9 @@ class TaskImages:
         async with lock:
             if tag not in self._ready:
                 if await engine.inspect_image(tag) is None:
-                    await self._build(engine, task, context, tag, dockerfile_path)
+                    base = next((u for u in reversed(uses) if u.kind == "FROM"), None)
+                    hint = functools.partial(self._diagnose, provided=provided, base=base)
+                    await self._build(engine, task, context, tag, dockerfile_path, hint)
                 self._ready[tag] = tag
         return tag
 
@@ -430,10 +435,21 @@ class TaskImages:
         self._warned.add((task.name, written))
         other = normalise_image_ref(image) != normalise_image_ref(written)
         level = logging.WARNING if other else logging.INFO
-        _log.log(level, "task %s: using local image %s for %s", task.name, image, written)
+        has = STANDIN_PYTHON.get(image)
+        wants = _PYTHON_TAG_RE.match(normalise_image_ref(written))
+        python = ""
+        if has is not None and wants is not None and wants[1] != has:
+            python = f" (a stand-in with Python {has}, not {wants[1]})"
+        _log.log(level, "task %s: using local image %s for %s%s", task.name, image, written, python)
 
     async def _build(
-        self, engine: DockerEngine, task: HarborTask, context: bytes, tag: str, source: Path
+        self,
+        engine: DockerEngine,
+        task: HarborTask,
+        context: bytes,
+        tag: str,
+        source: Path,
+        diagnose: Callable[[Sequence[str]], str | None],
     ) -> None:
         settings = task.config.environment  # a verifier's own table when it has one
         if source.parent == task.tests_dir and task.config.verifier.environment is not None:
@@ -449,7 +465,7 @@ class TaskImages:
                     network=self.build.network,
                     what=f"building the image of task {task.name!r} ({source})",
                     dockerfile=source.name,
-                    diagnose=self._diagnose,
+                    diagnose=diagnose,
                 )
         except TimeoutError as exc:
             raise ImageError(
@@ -458,31 +474,39 @@ class TaskImages:
             ) from exc
         self.builds += 1
 
-    def _diagnose(self, log: Sequence[str]) -> str | None:
-        """A hint for a failed build's whole log: no network, or an untrusted TLS proxy."""
+    def _diagnose(
+        self, log: Sequence[str], *, provided: VerifierProvision | None, base: _Use | None
+    ) -> str | None:
+        """Hints for a failed build's whole log: a failed provisioning step (``provided``;
+        ``base``: the final stage's ``FROM``), no network, an untrusted TLS proxy."""
+        hints = []
+        if provided is not None:
+            standin = None
+            if base is not None and base.image in STANDIN_PYTHON:
+                standin = (base.image, STANDIN_PYTHON[base.image])
+            written = base.written if base is not None else "its base image"
+            hints.append(provision_hint(log, provided, base=written, standin=standin))
         text = "\n".join(log)
         if not self.build.network and _NETWORK_HINTS.search(text):
-            return (
+            hints.append(
                 "the build has no network: pass --build-network "
                 "(HarborAdapter(build_network=True)) to build with the host's network"
             )
-        if self.build.ca_bundle is None and _CERT_HINTS.search(text):
-            return (
+        elif self.build.ca_bundle is None and _CERT_HINTS.search(text):
+            hints.append(
                 "a download in the build did not trust the server's certificate (a "
                 "TLS-intercepting proxy?): pass --build-ca-bundle FILE, e.g. "
                 "/etc/ssl/certs/ca-certificates.crt (HarborAdapter(build_ca_bundle=...))"
             )
-        return None
+        return "\n".join(hint for hint in hints if hint) or None
 
 
-def _provisioned(task: HarborTask, dockerfile: str, index_url: str | None) -> str:
-    """``dockerfile`` with the verifier's uv/uvx needs provisioned, when ``test.sh`` has the
-    recognised shape (else unchanged)."""
+def _provision_of(task: HarborTask) -> VerifierProvision | None:
+    """What ``task``'s ``test.sh`` fetches, when it has a recognised shape (else logged)."""
     provision = detect_provision((task.tests_dir / "test.sh").read_text(encoding="utf-8"))
     if provision is None:
-        _log.info("task %s: test.sh has no recognised uv/uvx shape; not provisioned", task.name)
-        return dockerfile
-    return provision_dockerfile(dockerfile, provision, index_url=index_url)
+        _log.info("task %s: test.sh has no recognised uv/pip shape; not provisioned", task.name)
+    return provision
 
 
 async def _chunks(data: bytes) -> AsyncIterator[bytes]:

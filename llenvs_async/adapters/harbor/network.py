@@ -26,7 +26,8 @@ def check_offline_verifier(
 ) -> None:
     """Raise ``VerifierError(kind="network")`` when the verifier's ``log`` shows it failed to
     reach the internet, saying why its container had none (``network``: it was given one;
-    ``bridge``: the daemon has a bridge; ``provisioned``: the image was provisioned)."""
+    ``bridge``: the daemon has a bridge, so ``--allow-network`` can help; ``provisioned``:
+    the image was provisioned)."""
     match = _NO_NETWORK_RE.search(log)
     if match is None:
         return
@@ -44,18 +45,25 @@ def check_offline_verifier(
     elif not verifier_environment(task).wants_network:
         table = "[verifier.environment]" if task.config.verifier.separate else "task"
         why = f"its container has none: the {table}'s network_mode is 'no-network'"
-    else:
+    elif bridge:
         why = (
             "its container has none: the run grants none "
             "(pass --allow-network, HarborAdapter(allow_network=True))"
+        )
+    else:
+        why = (
+            "its container has none: the run grants none, and --allow-network would not "
+            "help: the Docker daemon has no bridge network (dockerd --bridge=none), so "
+            "containers get only loopback"
         )
     hint = ""
     if not provisioned and offline_test_sh(
         (task.tests_dir / "test.sh").read_text(encoding="utf-8")
     ):
         hint = (
-            "; its test.sh has the uv/uvx shape that --build-network --provision-verifier "
-            "fetches at build time (HarborAdapter(provision_verifier=True))"
+            "; its test.sh has a shape (uv/uvx, or pip install of packages) that "
+            "--build-network --provision-verifier fetches at build time "
+            "(HarborAdapter(provision_verifier=True))"
         )
     raise VerifierError(
         f"the verifier of {task.name!r} needs the internet but {why}; "

@@ -1,7 +1,10 @@
-"""``provision_verifier``: what the common uv/uvx verifier fetches at test time, fetched at
-build time instead, so the verifier runs offline (and no verification downloads it again).
+"""``provision_verifier``: what the common verifiers fetch at test time, fetched at build time
+instead, so the verifier runs offline (and no verification downloads it again).
 
-Recognised in ``tests/test.sh`` (after joining ``\\``-continued lines), and nothing else:
+Two shapes are recognised in ``tests/test.sh`` (after joining ``\\``-continued lines), alone
+or together, and nothing else. ``pip install`` lines of package requirements
+(``provision_pip.py``: ``pip``/``pip3``/``python -m pip``, ``2>/dev/null || true`` allowed),
+any line that runs ``pip install`` otherwise leaving the whole script untouched. The uv shape:
 
 - the installer, exactly ``curl <flags> https://astral.sh/uv/<X.Y.Z>/install.sh | sh``
   (or ``| bash``; ``wget -qO- <url> | sh`` too), with a pinned version: it is REQUIRED;
@@ -13,34 +16,44 @@ Recognised in ``tests/test.sh`` (after joining ``\\``-continued lines), and noth
 - ``apt-get update`` and ``apt-get install [-y|-qq|--no-install-recommends] curl`` lines
   (they only serve the installer).
 
-When a script matches, the task image gets (after the task's own Dockerfile, as root):
+When a script matches, the task image gets (after the task's own Dockerfile, as root): each
+recognised ``pip install`` run as written (same interpreter, options and requirements), then
 ``uv==X`` from PyPI (``pip download`` in a ``python:3`` stage; the ``uv``/``uvx`` binaries
 copied to ``/usr/local/bin``, ``$HOME/.local/bin/env`` as the installer writes it), then
 each recognised ``uvx`` command run once with ``pytest --version`` so its packages (and
 its Python, when uv can download it) sit in ``/opt/llenvs-uv``'s cache. At test time the
-installer and apt lines become ``:`` no-ops (commented with what they were) and the
-verifier runs with ``UV_OFFLINE=1``. It needs a build network (``build_network``).
+installer, apt and ``pip install`` lines become ``:`` no-ops (commented with what they were)
+and a uv verifier runs with ``UV_OFFLINE=1``. It needs a build network (``build_network``).
 ``index_url`` (``provision_index_url``) points both downloads at another package index
 (a PEP 503 ``/simple`` URL, e.g. a mirror on 127.0.0.1): used by the build, and named
-(offline) to the verifier, since uv keys its cached index pages on the index URL.
+(offline) to the verifier, since uv keys its cached index pages on the index URL. Every
+provisioning step prints ``PROVISION_MARK`` and the image's Python first, so a failed build
+can say it was this step and which Python the image has (``provision_hint``).
 """
 
 from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .provision_pip import PipInstall, pip_install
+
 __all__ = [
+    "PROVISION_MARK",
     "UV_CACHE_DIR",
+    "PipInstall",
     "VerifierProvision",
     "detect_provision",
     "offline_test_sh",
     "provision_dockerfile",
+    "provision_hint",
     "rewrite_test_sh",
 ]
 
 UV_CACHE_DIR = "/opt/llenvs-uv/cache"
+PROVISION_MARK = "llenvs-async --provision-verifier"
 _UV_PYTHON_DIR = "/opt/llenvs-uv/python"
 _STAGE = "llenvs-uv-provision"
 _STAGE_IMAGE = "python:3.12-slim"  # a pip-capable stage; resolved like any FROM (stand-ins)
@@ -58,6 +71,14 @@ _ENV_FILE = (
     '#!/bin/sh\\ncase ":${PATH}:" in *":$HOME/.local/bin:"*) ;; '
     '*) export PATH="$HOME/.local/bin:$PATH" ;; esac\\n'
 )
+# Printed first by every provisioning step: what a failed build's log is searched for.
+_SAY_PYTHON = (
+    f'echo "{PROVISION_MARK}: the image has '
+    "$( (python3 -V || python -V) 2>&1 | grep -m1 '^Python' || echo 'no python3')\""
+)
+_IMAGE_PYTHON_RE = re.compile(rf"{re.escape(PROVISION_MARK)}: the image has Python (\d+\.\d+)")
+_STEP_RE = re.compile(r"^Step \d+/\d+ : ")
+_PIP_ENV = "PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore PIP_NO_CACHE_DIR=1 "
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,10 +92,18 @@ class UvxRun:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VerifierProvision:
-    """What a recognised ``test.sh`` fetches: uv at ``uv_version`` and its ``uvx`` runs."""
+    """What a recognised ``test.sh`` fetches: uv at ``uv_version`` and its ``uvx`` runs
+    (``None``/empty without the uv shape), and its ``pip install`` lines."""
 
-    uv_version: str
-    runs: tuple[UvxRun, ...]
+    uv_version: str | None = None
+    runs: tuple[UvxRun, ...] = ()
+    pip: tuple[PipInstall, ...] = ()
+
+    @property
+    def pythons(self) -> tuple[str, ...]:
+        """The Python versions it asks for (``uvx -p``, ``python3.X -m pip``), in order."""
+        asked = [r.python for r in self.runs] + [p.python for p in self.pip]
+        return tuple(dict.fromkeys(v for v in asked if v is not None))
 
 
 def _logical_lines(text: str) -> list[str]:
@@ -109,37 +138,50 @@ def _uvx_run(line: str) -> UvxRun | bool | None:
 
 
 def detect_provision(test_sh: str) -> VerifierProvision | None:
-    """The provisioning ``test_sh`` needs, or ``None`` when it does not match the
-    recognised shape exactly (see the module docstring)."""
+    """The provisioning ``test_sh`` needs, or ``None`` when it does not match a recognised
+    shape exactly (see the module docstring)."""
     version: str | None = None
     runs: list[UvxRun] = []
+    pips: list[PipInstall] = []
     for line in _logical_lines(test_sh):
         if match := _INSTALLER_RE.match(line):
             version = match[1]
             continue
         run = _uvx_run(line)
-        if run is False:
+        pip = pip_install(line)
+        if run is False or pip is False:
             return None
         if isinstance(run, UvxRun):
             runs.append(run)
-    if version is None or not runs:
-        return None
-    return VerifierProvision(uv_version=version, runs=tuple(runs))
+        if isinstance(pip, PipInstall):
+            pips.append(pip)
+    if (version is None) != (not runs) or not (runs or pips):
+        return None  # half a uv shape (an installer without uvx, or uvx without it)
+    return VerifierProvision(uv_version=version, runs=tuple(runs), pip=tuple(pips))
 
 
 def rewrite_test_sh(test_sh: str) -> str:
-    """``test_sh`` with the installer and its apt lines turned into ``:`` no-ops."""
-    out = []
+    """``test_sh`` with the uv installer and its apt lines, and recognised ``pip install``
+    lines, turned into ``:`` no-ops (continued lines blanked: line numbers still match)."""
+    uv = detect_provision(test_sh)
+    with_uv = uv is not None and bool(uv.runs)
+    out: list[str] = []
+    pending: list[str] = []
     for line in test_sh.splitlines(keepends=True):
+        pending.append(line)
         body = line.rstrip("\r\n")
-        if _INSTALLER_RE.match(body) or _APT_RE.match(body):
+        if body.endswith("\\"):
+            continue
+        logical = " ".join(p.rstrip("\r\n").removesuffix("\\") for p in pending)
+        uv_line = with_uv and bool(_INSTALLER_RE.match(logical) or _APT_RE.match(logical))
+        if uv_line or isinstance(pip_install(logical), PipInstall):
             ending = line[len(body) :]
-            out.append(
-                f": llenvs-async provisioned this at build time: {shlex.quote(body)}{ending}"
-            )
+            no_op = f": llenvs-async provisioned this at build time: {shlex.quote(logical)}"
+            out += [no_op + ending, *(ending for _ in pending[1:])]
         else:
-            out.append(line)
-    return "".join(out)
+            out += pending
+        pending = []
+    return "".join(out + pending)
 
 
 def _last_user(dockerfile: str) -> str | None:
@@ -150,34 +192,39 @@ def _last_user(dockerfile: str) -> str | None:
 def provision_dockerfile(
     dockerfile: str, provision: VerifierProvision, *, index_url: str | None = None
 ) -> str:
-    """``dockerfile`` with a uv download stage before its last ``FROM`` and the provisioning
-    steps at the end (run as root; the task's last ``USER`` restored after them);
-    ``index_url``: the package index both downloads use (default: pip's and uv's own)."""
+    """``dockerfile`` with the provisioning steps at the end (run as root; the task's last
+    ``USER`` restored after them) and, for uv, a download stage before its last ``FROM``;
+    ``index_url``: the package index every download uses (default: pip's and uv's own)."""
     pip_index = f"--index-url {shlex.quote(index_url)} " if index_url else ""
-    uv_index = f"UV_DEFAULT_INDEX={shlex.quote(index_url)} " if index_url else ""
-    stage = (
-        f"FROM {_STAGE_IMAGE} AS {_STAGE}\n"
-        f"RUN python3 -m pip download {pip_index}--no-deps --only-binary=:all: -d /w "
-        f"uv=={provision.uv_version}"
-        " && python3 -m zipfile -e /w/uv-*.whl /x"
-        " && mkdir /out && cp /x/uv-*.data/scripts/uv /x/uv-*.data/scripts/uvx /out/"
-        " && chmod 755 /out/uv /out/uvx\n"
-    )
-    warm = " && ".join(uv_index + _warm_command(run) for run in provision.runs)
-    tail = [
-        "USER root",
-        f"COPY --from={_STAGE} /out/ /usr/local/bin/",
-        f"ENV UV_CACHE_DIR={UV_CACHE_DIR} UV_PYTHON_INSTALL_DIR={_UV_PYTHON_DIR}",
-        "RUN mkdir -p /root/.local/bin && ln -sf /usr/local/bin/uv /usr/local/bin/uvx "
-        f"/root/.local/bin/ && printf '{_ENV_FILE}' > /root/.local/bin/env && {warm} "
-        "&& chmod -R a+rwX /opt/llenvs-uv",
-    ]
+    tail = ["USER root"]
+    if provision.pip:
+        env = _PIP_ENV + (f"PIP_INDEX_URL={shlex.quote(index_url)} " if index_url else "")
+        installs = " && ".join(env + pip.shell() for pip in provision.pip)
+        tail.append(f"RUN {_SAY_PYTHON} && {installs}")
+    lines = dockerfile.rstrip("\n").split("\n")
+    if provision.uv_version is not None:
+        uv_index = f"UV_DEFAULT_INDEX={shlex.quote(index_url)} " if index_url else ""
+        stage = (
+            f"FROM {_STAGE_IMAGE} AS {_STAGE}\n"
+            f"RUN echo '{PROVISION_MARK}: uv' && python3 -m pip download {pip_index}--no-deps "
+            f"--only-binary=:all: -d /w uv=={provision.uv_version}"
+            " && python3 -m zipfile -e /w/uv-*.whl /x"
+            " && mkdir /out && cp /x/uv-*.data/scripts/uv /x/uv-*.data/scripts/uvx /out/"
+            " && chmod 755 /out/uv /out/uvx"
+        )
+        warm = " && ".join(uv_index + _warm_command(run) for run in provision.runs)
+        tail += [
+            f"COPY --from={_STAGE} /out/ /usr/local/bin/",
+            f"ENV UV_CACHE_DIR={UV_CACHE_DIR} UV_PYTHON_INSTALL_DIR={_UV_PYTHON_DIR}",
+            f"RUN {_SAY_PYTHON} && mkdir -p /root/.local/bin && ln -sf /usr/local/bin/uv "
+            f"/usr/local/bin/uvx /root/.local/bin/ && printf '{_ENV_FILE}' > "
+            f"/root/.local/bin/env && {warm} && chmod -R a+rwX /opt/llenvs-uv",
+        ]
+        last_from = max(i for i, line in enumerate(lines) if _FROM_RE.match(line))
+        lines.insert(last_from, stage)
     user = _last_user(dockerfile)
     if user is not None and user not in ("root", "0"):
         tail.append(f"USER {user}")
-    lines = dockerfile.rstrip("\n").split("\n")
-    last_from = max(i for i, line in enumerate(lines) if _FROM_RE.match(line))
-    lines.insert(last_from, stage.rstrip("\n"))
     return "\n".join([*lines, *tail]) + "\n"
 
 
@@ -192,9 +239,52 @@ def offline_test_sh(
     test_sh: str, *, index_url: str | None = None
 ) -> tuple[str, dict[str, str]] | None:
     """For a recognised ``test_sh`` (whose image was provisioned): the script to upload and
-    the verifier's extra environment (``UV_OFFLINE=1``, and the build's ``index_url``, whose
-    cached pages uv reads offline); ``None`` leaves it untouched."""
-    if detect_provision(test_sh) is None:
+    the verifier's extra environment (for uv: ``UV_OFFLINE=1``, and the build's
+    ``index_url``, whose cached pages uv reads offline); ``None`` leaves it untouched."""
+    found = detect_provision(test_sh)
+    if found is None:
         return None
-    env = {"UV_OFFLINE": "1"} | ({"UV_DEFAULT_INDEX": index_url} if index_url else {})
+    env: dict[str, str] = {}
+    if found.runs:
+        env = {"UV_OFFLINE": "1"} | ({"UV_DEFAULT_INDEX": index_url} if index_url else {})
     return rewrite_test_sh(test_sh), env
+
+
+def provision_hint(
+    log: Sequence[str],
+    provision: VerifierProvision,
+    *,
+    base: str,
+    standin: tuple[str, str | None] | None = None,
+) -> str | None:
+    """Why a build failed in a provisioning step (``None``: it failed elsewhere): which
+    step, the Python ``test.sh`` asks for and the one the image has (``base``: its last
+    ``FROM`` as written; ``standin``: the local stand-in used for it and its Python), and
+    what to do."""
+    steps = [line for line in log if _STEP_RE.match(line)]
+    if not steps or (PROVISION_MARK not in steps[-1] and _STAGE not in steps[-1]):
+        return None
+    said = [m[1] for line in log if (m := _IMAGE_PYTHON_RE.search(line))]
+    has = said[-1] if said else (standin[1] if standin else None)
+    where = f"the stand-in {standin[0]} for {base}" if standin else base
+    hint = (
+        "the failing step is --provision-verifier's (HarborAdapter(provision_verifier=True)), "
+        "which installs at build time what tests/test.sh would download at test time"
+    )
+    wrong = [v for v in provision.pythons if has is not None and v != has]
+    if wrong:
+        asked = ", ".join(wrong)
+        hint += (
+            f": test.sh asks for Python {asked} but {where} has Python {has}, so a Python "
+            f"{asked} had to come from elsewhere (uv downloads CPython from GitHub) and that "
+            f"failed here; map {base} to a local image with Python {asked} "
+            f"(--base-image '{base}=IMAGE'), or leave out "
+            "--provision-verifier for this task (its verifier then needs the internet)"
+        )
+    else:
+        hint += (
+            f" ({where} has Python {has or 'unknown'}); the build log above says what it "
+            "could not fetch: point --provision-index-url at an index that has it, or leave "
+            "out --provision-verifier for this task"
+        )
+    return hint

@@ -17,11 +17,11 @@ from ...docker.container import Container
 from ...docker.engine import DockerEngine
 from .artifacts import Collected, collect_artifacts, run_collect_hooks, save_artifacts, transfer_tar
 from .config import VerifierConfig
-from .instance import DATASET_LABEL, HarborRuntime, Instance, as_docker
+from .instance import DATASET_LABEL, HarborRuntime, Instance, _daemon_has_bridge, as_docker
 from .network import check_offline_verifier
 from .provision import offline_test_sh
 from .task import HarborTask
-from .verification import run_separate, run_tests
+from .verification import run_separate, run_tests, verifier_environment
 from .verifier import VerifierResult
 
 __all__ = ["verify_instance"]
@@ -45,11 +45,12 @@ async def verify_instance(
     uploaded to ``/tests``); the result carries a log tail and what was collected."""
     container = instance.container
     provisioned = runtime.images.build.provision_verifier
+    bridge = instance.bridge  # known when the instance has a network; else asked if it matters
+    if not instance.network and verifier_environment(task).wants_network:
+        bridge = await _daemon_has_bridge(await engine())  # is --allow-network worth naming?
 
     def explain(log: str, network: bool) -> None:
-        check_offline_verifier(
-            task, log, network=network, bridge=instance.bridge, provisioned=provisioned
-        )
+        check_offline_verifier(task, log, network=network, bridge=bridge, provisioned=provisioned)
 
     sidecars = instance.sidecars.containers if instance.sidecars is not None else {}
     hooks = await run_collect_hooks(

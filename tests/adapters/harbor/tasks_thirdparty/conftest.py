@@ -1,0 +1,3 @@
+"""Harbor task directories: their tests/*.py run inside task containers, never here."""
+
+collect_ignore_glob = ["*"]

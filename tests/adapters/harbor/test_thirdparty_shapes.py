@@ -1,0 +1,215 @@
+"""Third-party verifier shapes (``tasks_thirdparty/``, issue 30): ``pip install`` of pinned
+packages in ``test.sh`` provisioned at build time, a uvx Python the stand-in lacks named as
+such, the ``--allow-network`` hint only where it helps, and the oracle over the whole set
+(real Docker; builds reach only a package index this test serves on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llenvs_async.adapters.harbor import load_local_dataset
+from llenvs_async.adapters.harbor.network import check_offline_verifier
+from llenvs_async.adapters.harbor.provision import (
+    PROVISION_MARK,
+    detect_provision,
+    offline_test_sh,
+    provision_dockerfile,
+    provision_hint,
+)
+from llenvs_async.adapters.harbor.provision_pip import pip_install
+from llenvs_async.cli import main
+from llenvs_async.docker.engine import DockerEngine
+from llenvs_async.docker.images import PYTHON_STANDIN
+from llenvs_async.errors import VerifierError
+from tests._support import require_built_images
+
+from ._local_index import WHEELS, cached_packages, serve, simple_tree
+from .conftest import harbor_containers
+
+TASKS = Path(__file__).resolve().parent / "tasks_thirdparty"
+PIP_SHAPED = {"pip-pinned", "pip-pinned-silent", "pip3-ctrf", "python-m-pip", "task-bug-wrong-path"}
+
+
+def _test_sh(name: str) -> str:
+    return (TASKS / name / "tests" / "test.sh").read_text()
+
+
+def test_the_pinned_pip_shapes_are_recognised_and_nothing_else() -> None:
+    dataset = load_local_dataset(TASKS)
+    assert not dataset.unloadable
+    found = {t.short_name: detect_provision(_test_sh(t.short_name)) for t in dataset.tasks}
+    assert {name for name, p in found.items() if p is not None} == PIP_SHAPED | {"uvx-python-312"}
+    ctrf = found["pip3-ctrf"]
+    assert ctrf is not None and ctrf.uv_version is None
+    (install,) = ctrf.pip
+    assert install.command == ("pip3",)
+    assert install.requirements == ("pytest==8.4.1", "pytest-json-ctrf==0.3.5")
+    assert install.options == ("--break-system-packages", "--no-cache-dir")
+    python_m = found["python-m-pip"]
+    assert python_m is not None and python_m.pip[0].command == ("python", "-m", "pip")
+    uvx = found["uvx-python-312"]
+    assert uvx is not None and uvx.pythons == ("3.12",)
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("pip install pytest==8.4.1", ("pytest==8.4.1",)),
+        ("pip3.12 install -q 'pytest[testing]==8.4.1' >/dev/null 2>&1 || :", "3.12"),
+        ("python3 -m pip install --progress-bar off pytest==8.4.1 &>/dev/null", ()),
+        ("pip install pytest", False),  # unpinned: not provisioned
+        ("pip install 'pytest>=8'", False),
+        ("pip install -r /tests/requirements.txt", False),
+        ("pip install --user pytest==8.4.1", False),
+        ("pip install -i https://example.org/simple pytest==8.4.1", False),
+        ("pip install pytest==8.4.1 && pytest /tests", False),  # a chain: not one install
+        ("cd /app && pip install pytest==8.4.1", False),
+        ("pip list", None),
+        ("python3 -m pytest /tests", None),
+    ],
+)
+def test_pip_install_lines(line: str, expected: object) -> None:
+    parsed = pip_install(line)
+    if expected is False or expected is None:
+        assert parsed is expected
+        if expected is False:
+            assert detect_provision(f"#!/bin/bash\n{line}\n") is None  # whole script left alone
+        return
+    assert parsed is not None and parsed is not False and parsed is not True
+    if isinstance(expected, str):
+        assert parsed.python == expected
+    elif expected:
+        assert parsed.requirements == expected
+        assert parsed.python is None
+
+
+def test_the_uploaded_script_skips_the_installs_with_its_line_numbers() -> None:
+    script = _test_sh("pip3-ctrf")
+    offline = offline_test_sh(script)
+    assert offline is not None
+    text, env = offline
+    assert env == {}  # no uv: nothing to take offline
+    assert text.count("\n") == script.count("\n")
+    lines = text.splitlines()
+    assert lines[2].startswith(": llenvs-async provisioned this at build time: 'pip3 install")
+    assert lines[3:5] == ["", ""]  # its continued lines
+    assert "python3 -m pytest --ctrf" in lines[6]
+    both = offline_test_sh(_test_sh("uvx-python-312"))
+    assert both is not None and both[1] == {"UV_OFFLINE": "1"}
+
+
+def test_the_dockerfile_installs_as_written_through_the_given_index() -> None:
+    found = detect_provision(_test_sh("pip-pinned-silent"))
+    assert found is not None
+    url = "http://127.0.0.1:9/simple"
+    text = provision_dockerfile("FROM python:3.12-slim\nUSER app\n", found, index_url=url)
+    run = next(line for line in text.splitlines() if line.startswith("RUN "))
+    assert PROVISION_MARK in run
+    assert f"PIP_INDEX_URL={url} pip install -q pytest==8.4.1" in run
+    assert "|| true" not in run and "/dev/null" not in run  # a failure fails the build
+    assert "llenvs-uv-provision" not in text  # no uv stage for a pip-only script
+    assert text.splitlines()[-1] == "USER app"
+
+
+def test_a_failed_provisioning_step_names_the_flag_and_both_pythons() -> None:
+    found = detect_provision(_test_sh("uvx-python-312"))
+    assert found is not None
+    log = [
+        "Step 5/7 : RUN echo llenvs-async --provision-verifier ... uvx -p 3.12 ...",
+        f"{PROVISION_MARK}: the image has Python 3.11.2",
+        "error: No interpreter found for Python 3.12 in managed installations or search path",
+    ]
+    hint = provision_hint(log, found, base="python:3.12-slim", standin=(PYTHON_STANDIN, "3.11"))
+    assert hint is not None
+    assert "--provision-verifier" in hint
+    assert "asks for Python 3.12" in hint and "has Python 3.11" in hint
+    assert f"the stand-in {PYTHON_STANDIN} for python:3.12-slim" in hint
+    assert "--base-image 'python:3.12-slim=IMAGE'" in hint
+    elsewhere = ["Step 2/7 : RUN make", "make: *** [all] Error 2"]
+    assert provision_hint(elsewhere, found, base="python:3.12-slim") is None
+
+
+def test_allow_network_is_named_only_where_it_can_help() -> None:
+    task = load_local_dataset(TASKS).resolve("pip-pinned")[1]
+    log = "WARNING: Retrying ... Failed to establish a new connection: [Errno -3] ...\n"
+    messages = {}
+    for bridge in (True, False):
+        with pytest.raises(VerifierError) as info:
+            check_offline_verifier(task, log, network=False, bridge=bridge, provisioned=False)
+        messages[bridge] = str(info.value)
+    assert "(pass --allow-network" in messages[True]
+    assert "(pass --allow-network" not in messages[False]
+    assert "--allow-network would not help" in messages[False]
+    assert "--bridge=none" in messages[False]
+    for message in messages.values():  # the way that does work offline, both times
+        assert "--build-network --provision-verifier" in message
+
+
+def _task_set(tmp_path: Path, url: str) -> Path:
+    """The task set, its build-time downloads pointed at ``url`` (the test's index) and uv
+    barred from downloading a CPython (no test may leave loopback)."""
+    tasks = tmp_path / "tasks"
+    shutil.copytree(TASKS, tasks)
+    present = tasks / "pytest-present" / "environment" / "Dockerfile"
+    present.write_text(present.read_text().replace("RUN ", f"RUN PIP_INDEX_URL={url} ", 1))
+    uvx = tasks / "uvx-python-312" / "environment" / "Dockerfile"
+    uvx.write_text(uvx.read_text() + "ENV UV_PYTHON_DOWNLOADS=never\n")
+    return tasks
+
+
+def _records(path: Path) -> dict[str, dict[str, Any]]:
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    return {str(r["key"]["task"]).rsplit("/", 1)[-1]: r["trajectory"] for r in records}
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+async def test_the_oracle_passes_every_pinned_pip_shape_with_the_documented_flags(
+    tmp_path: Path,
+    docker_engine: DockerEngine,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    await require_built_images(docker_engine, PYTHON_STANDIN)
+    simple_tree(cached_packages(WHEELS), tmp_path / "index")
+    out = tmp_path / "third.jsonl"
+    with serve(tmp_path / "index") as (url, requests):
+        tasks = _task_set(tmp_path, f"{url}/simple")
+        args = ["run", str(tasks), "-o", str(out), "--build-network", "--provision-verifier"]
+        await asyncio.to_thread(main, [*args, "--provision-index-url", f"{url}/simple", "-q"])
+    printed = capsys.readouterr().out
+    assert "/simple/pytest/" in requests and "/simple/pytest-json-ctrf/" in requests
+    trajectories = _records(out)
+    rewards = {
+        name: t["transitions"][-1]["reward"] if t["transitions"] else None
+        for name, t in trajectories.items()
+    }
+    assert rewards == {
+        "pytest-present": 1.0,
+        "pip-pinned": 1.0,
+        "pip-pinned-silent": 1.0,
+        "pip3-ctrf": 1.0,
+        "python-m-pip": 1.0,
+        "pip-unpinned-silent": 0.0,  # unpinned: left as written, fails offline
+        "task-bug-wrong-path": 0.0,
+        "uvx-python-312": None,
+    }
+    unpinned = trajectories["pip-unpinned-silent"]["transitions"][-1]["info"]
+    assert "No module named pytest" in unpinned["verifier_output"]
+    error = trajectories["uvx-python-312"]["error"]
+    assert error is not None and error["type"] == "ImageError", error
+    for words in ("--provision-verifier", "asks for Python 3.12", "has Python 3.11"):
+        assert words in error["message"], (words, error["message"])
+    for name, trajectory in trajectories.items():  # the build's share in every timing
+        info = trajectory["info"]
+        assert info["setup_sec"] > 0 and info["wall_sec"] >= info["setup_sec"], (name, info)
+        assert info["started_at"].endswith("Z")
+    # The summary, printed to a file: full task names and the error's reason.
+    assert "thirdparty/pip-unpinned-silent" in printed and "…" not in printed
+    assert "ImageError: building the image of task 'thirdparty/uvx-python-312'" in printed
+    assert await harbor_containers(docker_engine) == []
