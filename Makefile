@@ -40,7 +40,7 @@ gvisor:
 	bash scripts/ensure-gvisor.sh
 
 images: install docker
-	$(PY) -m llenvs_async.docker.images build-all
+	$(VENV)/bin/llenvs-async images build-all
 
 # Headless Chromium + chromedriver (Debian packages) for the `browser` tier (the viewer).
 browser:

@@ -4,4 +4,4 @@
 # Env: PYTHON (default python3). Extra arguments go to the builder (e.g. --force).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec "${PYTHON:-python3}" -m llenvs_async.docker.images build-base "$@"
+exec "${PYTHON:-python3}" -m llenvs_async.cli images build-base "$@"

@@ -26,7 +26,7 @@ async def require_built_images(engine: DockerEngine, *tags: str) -> None:
     if missing:
         pytest.skip(
             f"image(s) {', '.join(missing)} not built: run `make images` "
-            "(`python -m llenvs_async.docker.images build-all`); tests never download them"
+            "(`llenvs-async images build-all`); tests never download them"
         )
 
 

@@ -1,56 +1,82 @@
-"""``llenvs-async images build-base|build-standins`` and ``llenvs-async cleanup`` (the Docker
-layer's tools)."""
+"""``llenvs-async images build-base|build-standins|build-busybox|build-all`` (the one way to
+build the local images) and ``llenvs-async cleanup`` (the Docker layer's tools)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
 from ._common import console, run_async
 
+if TYPE_CHECKING:
+    from ..docker.images import ImageInfo
+
 __all__ = ["cleanup", "images_app"]
 
 images_app = typer.Typer(help="Local images (no registry needed).", no_args_is_help=True)
 
 
-@images_app.command("build-base")
-def build_base(
-    force: Annotated[bool, typer.Option("--force", help="Rebuild even if it exists.")] = False,
-) -> None:
-    """Build the Debian base image so `FROM debian:bookworm-slim` builds offline."""
+def _report(images: list[ImageInfo]) -> None:
+    for info in images:
+        verb = f"built in {info.seconds:.1f}s" if info.built else "already present"
+        console.print(
+            f"{', '.join(info.tags)} ({info.id[:19]}): {verb}", markup=False, soft_wrap=True
+        )
+
+
+def _build(*, base: bool, standins: bool, busybox: bool, force: bool) -> list[ImageInfo]:
     from ..docker.engine import DockerEngine
-    from ..docker.images import ensure_base_image
+    from ..docker.images import ensure_base_image, ensure_busybox_image, ensure_standin_images
 
-    async def body() -> tuple[tuple[str, ...], str, bool, float]:
+    async def body() -> list[ImageInfo]:
+        built: list[ImageInfo] = []
         async with DockerEngine() as engine:
-            info = await ensure_base_image(engine, force=force)
-        return info.tags, info.id, info.built, info.seconds
+            if base:
+                built.append(await ensure_base_image(engine, force=force))
+            if standins:
+                built.extend((await ensure_standin_images(engine, force=force))[1:])
+            if busybox:
+                built.append(await ensure_busybox_image(engine, force=force))
+        return built
 
-    tags, image_id, built, seconds = run_async(body)
-    verb = f"built in {seconds:.1f}s" if built else "already present"
-    console.print(f"{', '.join(tags)} ({image_id[:19]}): {verb}", markup=False)
+    images = run_async(body)
+    _report(images)
+    return images
+
+
+_FORCE = typer.Option("--force", help="Rebuild even if it exists.")
+
+
+@images_app.command("build-base")
+def build_base(force: Annotated[bool, _FORCE] = False) -> None:
+    """Build the Debian base image so `FROM debian:bookworm-slim` builds offline."""
+    _build(base=True, standins=False, busybox=False, force=force)
 
 
 @images_app.command("build-standins")
-def build_standins(
-    force: Annotated[bool, typer.Option("--force", help="Rebuild even if they exist.")] = False,
-) -> None:
+def build_standins(force: Annotated[bool, _FORCE] = False) -> None:
     """Build local stand-ins for official bases (debian:*, ubuntu:*, python:3*) from Debian's
     packages (the host's network, once), so Harbor tasks naming them build offline."""
-    from ..docker.engine import DockerEngine
-    from ..docker.images import STANDIN_PATTERNS, ImageInfo, ensure_standin_images
+    from ..docker.images import STANDIN_PATTERNS, STANDIN_PYTHON
 
-    async def body() -> list[ImageInfo]:
-        async with DockerEngine() as engine:
-            return await ensure_standin_images(engine, force=force)
-
-    for info in run_async(body):
-        verb = f"built in {info.seconds:.1f}s" if info.built else "already present"
-        console.print(f"{', '.join(info.tags)} ({info.id[:19]}): {verb}", markup=False)
+    _build(base=True, standins=True, busybox=False, force=force)
     for pattern, image in STANDIN_PATTERNS:
-        console.print(f"  {pattern} -> {image}", markup=False)
+        python = STANDIN_PYTHON.get(image)
+        console.print(f"  {pattern} -> {image}" + (f" (Python {python})" if python else ""))
+
+
+@images_app.command("build-busybox")
+def build_busybox(force: Annotated[bool, _FORCE] = False) -> None:
+    """Build the busybox image the tests and examples use (from the host's busybox-static)."""
+    _build(base=False, standins=False, busybox=True, force=force)
+
+
+@images_app.command("build-all")
+def build_all(force: Annotated[bool, _FORCE] = False) -> None:
+    """Everything the tests need: the base image, the stand-ins and busybox."""
+    _build(base=True, standins=True, busybox=True, force=force)
 
 
 def cleanup() -> None:

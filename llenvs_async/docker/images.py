@@ -2,13 +2,12 @@
 official bases (built from Debian's packages), a busybox image for tests, and ``build_image``
 (a Dockerfile build whose error shows the build log's tail).
 
-Run ``python -m llenvs_async.docker.images build-base`` (or ``build-standins``,
-``build-busybox``, ``build-all``).
+Built by ``llenvs-async images build-all`` (or ``build-base``, ``build-standins``,
+``build-busybox``), the one entry point the Makefile and the tests' hints use.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import fcntl
 import io
@@ -17,7 +16,6 @@ import os
 import re
 import shutil
 import struct
-import sys
 import tarfile
 import tempfile
 import time
@@ -27,7 +25,7 @@ from pathlib import Path
 
 import aiohttp
 
-from ..errors import ImageError, LlenvsError
+from ..errors import ImageError
 from .engine import DockerEngine, split_image_ref, translate_errors
 
 __all__ = [
@@ -46,7 +44,6 @@ __all__ = [
     "ensure_standin_images",
     "import_rootfs",
     "log_tail",
-    "main",
     "tag_slug",
 ]
 
@@ -427,37 +424,3 @@ async def ensure_standin_images(engine: DockerEngine, *, force: bool = False) ->
                 seconds=time.monotonic() - started,
             )
     return [base, info]
-
-
-async def _cli(command: str, force: bool) -> list[ImageInfo]:
-    async with DockerEngine() as engine:
-        built = []
-        if command in ("build-base", "build-all"):
-            built.append(await ensure_base_image(engine, force=force))
-        if command in ("build-standins", "build-all"):
-            built.extend((await ensure_standin_images(engine, force=force))[1:])
-        if command in ("build-busybox", "build-all"):
-            built.append(await ensure_busybox_image(engine, force=force))
-        return built
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m llenvs_async.docker.images``."""
-    parser = argparse.ArgumentParser(prog="python -m llenvs_async.docker.images")
-    commands = ["build-base", "build-standins", "build-busybox", "build-all"]
-    parser.add_argument("command", choices=commands)
-    parser.add_argument("--force", action="store_true", help="rebuild even if the image exists")
-    args = parser.parse_args(argv)
-    try:
-        images = asyncio.run(_cli(args.command, args.force))
-    except LlenvsError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    for info in images:
-        verb = f"built in {info.seconds:.1f}s" if info.built else "already present"
-        print(f"{', '.join(info.tags)} ({info.id[:19]}): {verb}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
