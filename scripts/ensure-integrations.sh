@@ -27,6 +27,19 @@ trainers() {
         pip_install 'tensordict>=0.8,<=0.10,!=0.9.0' hydra-core codetiming pylatexenc pybind11 \
             torchdata 'peft==0.18.1' cloudpathlib
     fi
+    drop_verl_tests
+}
+
+# verl 0.9.1's wheel also installs its own test suite as a top-level `tests` package, which
+# shadows this repository's `tests` wherever the checkout is not first on sys.path (Ray's workers
+# then fail with "No module named 'tests.distributed'"): removed.
+drop_verl_tests() {
+    local site
+    site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    if compgen -G "$site/verl-*.dist-info/RECORD" >/dev/null \
+        && grep -q '^tests/' "$site"/verl-*.dist-info/RECORD && [[ -d "$site/tests" ]]; then
+        rm -rf "$site/tests"
+    fi
 }
 
 standards() {

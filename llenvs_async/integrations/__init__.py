@@ -6,6 +6,10 @@ the runner's public API only, never a second rollout loop.
 
 - ``llenvs_async.integrations.trl``: TRL's ``GRPOTrainer(rollout_func=...)`` driven by a
   ``TrajectoryRunner`` in token mode (``pip install 'llenvs-async[trl]'``).
+- ``llenvs_async.integrations.skyrl``: SkyRL's ``GeneratorInterface`` over a token-mode runner
+  (``pip install 'llenvs-async[skyrl]'``; SkyRL itself needs Python >= 3.12).
+- ``llenvs_async.integrations.verl``: verl's ``AgentLoopBase`` (``LlenvsAgentLoop``) generating
+  through verl's ``server_manager`` (``pip install 'llenvs-async[verl]'``).
 - ``llenvs_async.integrations.openenv``: our environments behind OpenEnv's server
   (``create_app``, ``llenvs-async serve-openenv``) and OpenEnv servers as our environments
   (``OpenEnvEnvironment``) (``pip install 'llenvs-async[openenv]'``).
