@@ -6,6 +6,8 @@ the runner's public API only, never a second rollout loop.
 
 - ``llenvs_async.integrations.trl``: TRL's ``GRPOTrainer(rollout_func=...)`` driven by a
   ``TrajectoryRunner`` in token mode (``pip install 'llenvs-async[trl]'``).
+- ``llenvs_async.integrations.trl_env``: TRL's ``GRPOTrainer(environment_factory=...)`` over
+  Harbor tasks in containers (tools ``bash`` / ``submit``, the verifier's reward).
 - ``llenvs_async.integrations.skyrl``: SkyRL's ``GeneratorInterface`` over a token-mode runner
   (``pip install 'llenvs-async[skyrl]'``; SkyRL itself needs Python >= 3.12).
 - ``llenvs_async.integrations.verl``: verl's ``AgentLoopBase`` (``LlenvsAgentLoop``) generating

@@ -78,17 +78,14 @@ when ``sync_weights=True``.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
 import importlib
 import logging
 import math
-import threading
 import weakref
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import Any, Literal, Self, TypeVar
+from typing import Any, Literal, Self
 
 from llenvs_async import (
     ClosedError,
@@ -97,6 +94,8 @@ from llenvs_async import (
     Trajectory,
     TrajectoryRunner,
 )
+
+from ._bridge import LoopThread
 
 __all__ = [
     "Failures",
@@ -110,7 +109,6 @@ __all__ = [
 
 _log = logging.getLogger("llenvs_async.integrations.trl")
 
-T = TypeVar("T")
 Failures = Literal["exclude", "zero", "raise"]
 RunnerFactory = Callable[[], AbstractAsyncContextManager[TrajectoryRunner]]
 """Builds the runner (and its backend and environment) on the adapter's event loop; its
@@ -119,7 +117,6 @@ context is exited there by ``close()``."""
 _FAILURES = ("exclude", "zero", "raise")
 _REQUIRED_KEYS = ("prompt_ids", "completion_ids", "logprobs")
 _INSTALL_HINT = "pip install 'llenvs-async[trl]'"
-_POLL = 1.0  # seconds between checks that the loop thread is alive, while a call waits
 
 
 class TRLUnavailableError(LlenvsError, ImportError):
@@ -203,7 +200,14 @@ class TRLRollouts:
         self.sync_weights = sync_weights
         self.last_trajectories: list[Trajectory] = []
         self.weight_updates = 0
-        self._loop = _LoopThread(runner, loop_factory, close_timeout)
+        self._loop: LoopThread[TrajectoryRunner] = LoopThread(
+            runner,
+            kind=TrajectoryRunner,
+            owner="TRLRollouts",
+            name="llenvs-trl-rollouts",
+            loop_factory=loop_factory,
+            close_timeout=close_timeout,
+        )
         self._finalizer = weakref.finalize(self, self._loop.close)
 
     @property
@@ -253,7 +257,7 @@ class TRLRollouts:
         )
 
     async def _rollouts(self, tasks: list[int | str | None], trainer: Any) -> list[Trajectory]:
-        runner = await self._loop.get_runner()
+        runner = await self._loop.get()
         await self._push_weights(runner, trainer)
         return await runner.run_batch(tasks, self.batch_size, max_steps=self.max_steps)
 
@@ -403,144 +407,3 @@ def _require_trl() -> str:
             f"llenvs_async.integrations.trl needs TRL: {_INSTALL_HINT} ({exc})", extra="trl"
         ) from exc
     return str(getattr(trl, "__version__", "unknown"))
-
-
-class _LoopThread:
-    """One event loop in one daemon thread, the runner it serves and what was entered on it.
-
-    Holds no reference to the ``TRLRollouts`` that owns it, so the owner's finalizer can
-    close it.
-    """
-
-    def __init__(
-        self,
-        source: TrajectoryRunner | RunnerFactory,
-        loop_factory: Callable[[], asyncio.AbstractEventLoop] | None,
-        close_timeout: float,
-    ) -> None:
-        self.source = source
-        self.close_timeout = close_timeout
-        self.runner: TrajectoryRunner | None = None
-        self.closed = False
-        self._stack = contextlib.AsyncExitStack()
-        self._runner_lock = asyncio.Lock()
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._lock = threading.Lock()
-        self.loop = (loop_factory or asyncio.new_event_loop)()
-        self.thread = threading.Thread(
-            target=_serve, args=(self.loop,), name="llenvs-trl-rollouts", daemon=True
-        )
-        self.thread.start()
-
-    def run(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
-        """``await fn(*args)`` on the loop, from another thread; blocks until it is done."""
-        if threading.get_ident() == self.thread.ident:
-            raise RuntimeError("TRLRollouts was called from its own event loop thread")
-        result: concurrent.futures.Future[T] = concurrent.futures.Future()
-        finished = threading.Event()
-        started: list[asyncio.Task[T]] = []
-
-        def start() -> None:
-            task = self.loop.create_task(fn(*args))
-            self._tasks.add(task)
-            started.append(task)
-            task.add_done_callback(lambda t: self._done(t, result, finished))
-
-        with self._lock:
-            if self.closed or not self.thread.is_alive():
-                raise ClosedError("TRLRollouts")
-            self.loop.call_soon_threadsafe(start)
-        try:
-            while not concurrent.futures.wait([result], timeout=_POLL).done:
-                if not self.thread.is_alive():  # SystemExit or the like ended the loop
-                    raise LlenvsError("TRLRollouts: its event loop thread has died")
-            return result.result()
-        except concurrent.futures.CancelledError:
-            raise ClosedError("TRLRollouts") from None
-        except BaseException:
-            if not finished.is_set():  # interrupted while waiting: cancel, let it tear down
-                with contextlib.suppress(RuntimeError):  # the loop is already closed
-                    self.loop.call_soon_threadsafe(_cancel, started)
-                finished.wait(self.close_timeout)
-            raise
-
-    def _done(
-        self,
-        task: asyncio.Task[T],
-        result: concurrent.futures.Future[T],
-        finished: threading.Event,
-    ) -> None:
-        self._tasks.discard(task)
-        if task.cancelled():
-            result.cancel()
-        elif (error := task.exception()) is not None:
-            result.set_exception(error)
-        else:
-            result.set_result(task.result())
-        finished.set()
-
-    async def get_runner(self) -> TrajectoryRunner:
-        async with self._runner_lock:
-            if self.runner is None:
-                if isinstance(self.source, TrajectoryRunner):
-                    self.runner = self.source
-                else:
-                    made = await self._stack.enter_async_context(self.source())
-                    if not isinstance(made, TrajectoryRunner):
-                        raise TypeError(
-                            "the rollout_func runner factory must yield a TrajectoryRunner, "
-                            f"got {type(made).__name__}"
-                        )
-                    self.runner = made
-            return self.runner
-
-    def close(self) -> None:
-        with self._lock:
-            if self.closed:
-                return
-            self.closed = True
-        if not self.thread.is_alive():
-            return
-        done = threading.Event()
-        if threading.get_ident() == self.thread.ident:  # collected on the loop: finish there
-            self.loop.create_task(self._shutdown(done))
-            return
-        self.loop.call_soon_threadsafe(lambda: self.loop.create_task(self._shutdown(done)))
-        if not done.wait(self.close_timeout):
-            _log.error(
-                "TRLRollouts: teardown did not finish within %.0f s; stopping its loop",
-                self.close_timeout,
-            )
-            with contextlib.suppress(RuntimeError):
-                self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(self.close_timeout)
-
-    async def _shutdown(self, done: threading.Event) -> None:
-        try:
-            tasks = list(self._tasks)
-            for task in tasks:
-                task.cancel()
-            if tasks:
-                await asyncio.wait(tasks)
-            await self._stack.aclose()
-            self.runner = None  # what the factory built is closed: let it be collected
-            await self.loop.shutdown_asyncgens()
-            await self.loop.shutdown_default_executor()
-        except Exception:
-            _log.exception("TRLRollouts: error while closing the runner factory's context")
-        finally:
-            self.loop.stop()
-            done.set()
-
-
-def _serve(loop: asyncio.AbstractEventLoop) -> None:
-    asyncio.set_event_loop(loop)
-    try:
-        loop.run_forever()
-    finally:
-        loop.close()
-
-
-def _cancel(tasks: list[asyncio.Task[Any]]) -> None:
-    for task in tasks:
-        task.cancel()
