@@ -22,7 +22,7 @@ from .export import export
 from .qvalues import q_values
 from .replay import validate_replay
 from .run import run as run_command
-from .serve import serve_openenv
+from .serve import serve_openenv, serve_verifiers
 from .tasks import tasks_app
 from .view import view
 
@@ -43,6 +43,7 @@ app.command("export")(export)
 app.command("import-atif")(import_atif)
 app.command("view")(view)
 app.command("serve-openenv")(serve_openenv)
+app.command("serve-verifiers")(serve_verifiers)
 app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
     bench_command
 )

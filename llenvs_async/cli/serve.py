@@ -1,9 +1,12 @@
-"""``llenvs-async serve-openenv TASKS``: Harbor tasks behind OpenEnv's server, one fresh
-container-backed instance per WebSocket session (``llenvs_async.integrations.openenv``)."""
+"""Harbor tasks served to other projects' clients: ``llenvs-async serve-openenv TASKS``
+(OpenEnv's server, one fresh container-backed instance per WebSocket session,
+``llenvs_async.integrations.openenv``) and ``llenvs-async serve-verifiers TASKS`` (verifiers'
+own env server for prime-rl, one container per episode, ``llenvs_async.integrations.verifiers``)."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Annotated
 
 import anyio
@@ -13,7 +16,7 @@ from . import _options as opt
 from ._common import CliError, run_async
 from ._sources import SourceSpec, open_source
 
-__all__ = ["serve_openenv"]
+__all__ = ["serve_openenv", "serve_verifiers"]
 
 TOKEN_ENV = "LLENVS_OPENENV_TOKEN"
 
@@ -83,5 +86,54 @@ def serve_openenv(
                     flush=True,
                 )
                 await anyio.sleep_forever()
+
+    run_async(serve)
+
+
+def serve_verifiers(
+    tasks: Annotated[Path, typer.Argument(help="A local directory of Harbor tasks.")],
+    address: Annotated[
+        str,
+        typer.Option(
+            "--address",
+            help="ZMQ address to bind: tcp://127.0.0.1:PORT (loopback only; :0 picks a port) "
+            "or ipc://PATH.",
+        ),
+    ] = "tcp://127.0.0.1:5000",
+    max_concurrent: Annotated[
+        int, typer.Option("--max-concurrent", help="Episodes (containers) in flight at most.")
+    ] = 4,
+    max_steps: Annotated[int, typer.Option("--max-steps", help="Steps per episode.")] = 30,
+    action_format: opt.ActionFormatOpt = "tools",
+    runtime: opt.RuntimeOpt = "runc",
+) -> None:
+    """Serve Harbor tasks to prime-rl's orchestrator (verifiers' EnvClient) over ZMQ."""
+    from ..integrations.verifiers import env_config, serving
+
+    if action_format not in ("text", "tools"):
+        raise CliError(f"--action-format must be text or tools, got {action_format!r}")
+    if runtime not in ("runc", "gvisor"):
+        raise CliError(f"--runtime must be runc or gvisor, got {runtime!r}")
+    if max_concurrent < 1:
+        raise CliError(f"--max-concurrent must be >= 1, got {max_concurrent}")
+    if max_steps < 1:
+        raise CliError(f"--max-steps must be >= 1, got {max_steps}")
+    if not tasks.is_dir():
+        raise CliError(f"TASKS must be a local directory of Harbor tasks, got {str(tasks)!r}")
+    config = env_config(
+        tasks,
+        max_steps=max_steps,
+        action_format="tools" if action_format == "tools" else "text",
+        container_runtime="gvisor" if runtime == "gvisor" else "runc",
+    )
+
+    async def serve() -> None:
+        async with serving(config, address=address, max_concurrent=max_concurrent) as server:
+            print(
+                f"serving the Harbor tasks of {tasks} to verifiers env clients at "
+                f"{server.address} (env id {config.taskset.id}; Ctrl-C to stop)",
+                flush=True,
+            )
+            await anyio.sleep_forever()
 
     run_async(serve)

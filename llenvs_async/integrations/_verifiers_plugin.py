@@ -27,10 +27,11 @@ from verifiers.v1.state import State  # type: ignore[import-untyped]
 from verifiers.v1.task import Task, TaskData  # type: ignore[import-untyped]
 from verifiers.v1.taskset import Taskset  # type: ignore[import-untyped]
 from verifiers.v1.trace import Trace  # type: ignore[import-untyped]
+from verifiers.v1.types import TurnTokens  # type: ignore[import-untyped]
 
 from llenvs_async import LlenvsError, OpenAIBackend, SamplingParams, Trajectory, TrajectoryRunner
 from llenvs_async.adapters.harbor import HarborAdapter, load_local_dataset
-from llenvs_async.integrations.verifiers import PLUGIN_ID
+from llenvs_async.integrations.verifiers import PLUGIN_ID, TURN_TOKENS_KEY
 
 __all__ = ["LlenvsHarness", "LlenvsTaskset"]
 
@@ -58,10 +59,6 @@ class LlenvsState(State):
     stop_reason: str = ""
     num_steps: int = 0
     truncation_reason: str | None = None
-    completion_ids: list[list[int]] = Field(default_factory=list)
-    """Per step, the sampled token ids the engine reported to our backend (a vLLM server
-    behind an eval client relays them); verifiers' own token record is the trace's."""
-    completion_logprobs: list[list[float]] = Field(default_factory=list)
 
 
 class LlenvsTask(Task[LlenvsTaskData, LlenvsState]):
@@ -82,9 +79,8 @@ class LlenvsTask(Task[LlenvsTaskData, LlenvsState]):
     @vf.metric
     async def llenvs_sampled_tokens(self, trace: Trace) -> float:
         """Sampled token ids the engine reported to our backend (0 when it reports none)."""
-        state = trace.state
-        assert isinstance(state, LlenvsState)
-        return float(sum(map(len, state.completion_ids)))
+        turns = trace.info.get(TURN_TOKENS_KEY, ())
+        return float(sum(len(turn["completion_ids"]) for turn in turns))
 
 
 class LlenvsTasksetConfig(TasksetConfig):
@@ -145,9 +141,11 @@ class LlenvsHarnessConfig(HarnessConfig):
 class LlenvsHarness(Harness[LlenvsHarnessConfig]):
     """Plays one task with ``TrajectoryRunner`` in this process, in a container of ours.
 
-    Every model call goes to the rollout's interception ``endpoint`` (so verifiers records
-    its tokens and logprobs); the runner's own teardown removes the container on success,
-    error and cancellation. A failed rollout ends the trace with an error, never dropped.
+    Every model call goes to the rollout's interception ``endpoint`` (verifiers records each
+    turn); each turn's token ids and logprobs, as the engine returned them to our backend, go
+    in ``trace.info[TURN_TOKENS_KEY]``. The runner's own teardown removes the container on
+    success, error and cancellation. A failed rollout ends the trace with an error, never
+    dropped.
     """
 
     NEEDS_CONTAINER = False  # the task's container is ours, not the verifiers runtime
@@ -182,10 +180,17 @@ class LlenvsHarness(Harness[LlenvsHarnessConfig]):
         state.num_steps = len(trajectory.transitions)
         last = trajectory.transitions[-1].info if trajectory.transitions else {}
         state.truncation_reason = last.get("truncation_reason")
-        for transition in trajectory.transitions:
-            completion = transition.completion
-            state.completion_ids.append(list(completion.token_ids) if completion else [])
-            state.completion_logprobs.append(list((completion and completion.logprobs) or ()))
+        # The trace's nodes get tokens only from verifiers' train client, and its state does
+        # not cross the wire: the engine's ids ride in ``info``, as verifiers' TurnTokens.
+        trace.info[TURN_TOKENS_KEY] = [
+            TurnTokens(
+                prompt_ids=list(completion.prompt_token_ids),
+                completion_ids=list(completion.token_ids),
+                completion_logprobs=list(completion.logprobs or ()),
+            ).model_dump(mode="python")
+            for completion in (t.completion for t in trajectory.transitions)
+            if completion is not None
+        ]
         if trajectory.error is not None:
             error = trajectory.error
             return ProgramResult(exit_code=1, stdout="", stderr=f"{error.type}: {error.message}")
@@ -219,7 +224,7 @@ class LlenvsHarness(Harness[LlenvsHarnessConfig]):
             runner = TrajectoryRunner(
                 prototype,
                 backend,
-                SamplingParams(max_tokens=max_tokens),
+                SamplingParams(max_tokens=max_tokens, logprobs=0),  # sampled tokens only
                 env_factory=factory,
                 max_steps=cfg.max_steps,
                 step_timeout=cfg.step_timeout,

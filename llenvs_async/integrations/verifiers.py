@@ -28,8 +28,18 @@ theirs); we give verifiers a plugin:
   rollout's interception endpoint with ``OpenAIBackend``. The runner's teardown removes the
   container on success, error and cancellation (a client's ``cancel`` cancels the episode).
 - reward: the Harbor verifier's, as our environment returns it (``environment_reward``, the
-  trajectory's return); metric ``llenvs_steps``. A failed rollout ends its trace with an
-  error (``trace.ok`` false, the episode's ``errors``): data, never dropped.
+  trajectory's return); metrics ``llenvs_steps`` and ``llenvs_sampled_tokens``. A failed
+  rollout ends its trace with an error (``trace.ok`` false, the episode's ``errors``): data,
+  never dropped.
+- token ids: every turn's prompt ids, completion ids and completion logprobs, as the engine
+  returned them to our backend, in ``trace.info[TURN_TOKENS_KEY]`` (one verifiers
+  ``TurnTokens`` per model call, in order; ``turn_tokens(trace)`` reads them back). A
+  harness cannot put them on the trace's nodes, where a trainer reads them: verifiers fills
+  ``MessageNode.token_ids``/``mask``/``logprobs`` only at the interception's commit, from
+  the ``Response.tokens`` that its train client alone produces (a response ``@intercept``
+  may only replace the message); nodes stream to the client append-only, so a later edit
+  never crosses the wire; and ``trace.state`` is not serialized at all. ``info`` is the
+  trace's own free-form field, re-sent whenever it changes.
 
 Both register under the plugin id ``PLUGIN_ID`` when this module loads them: verifiers
 imports a plugin id as a top-level module name, which a dotted path cannot be. A process
@@ -60,16 +70,21 @@ from llenvs_async import LlenvsError
 
 __all__ = [
     "PLUGIN_ID",
+    "TURN_TOKENS_KEY",
     "VerifiersUnavailableError",
     "env_config",
     "load_plugin",
     "serving",
+    "turn_tokens",
 ]
 
 _log = logging.getLogger("llenvs_async.integrations.verifiers")
 
 PLUGIN_ID = "llenvs_async_verifiers"
 """The taskset and harness id verifiers loads our plugin by."""
+
+TURN_TOKENS_KEY = "llenvs_turn_tokens"
+"""The ``trace.info`` key of every turn's token ids (a list of dumped ``TurnTokens``)."""
 
 _INSTALL_HINT = "pip install 'llenvs-async[verifiers]'"
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -183,6 +198,24 @@ async def serving(
                     len(pending),
                     close_timeout,
                 )
+
+
+def turn_tokens(trace: Any) -> list[Any]:
+    """Every turn's token ids of a trace our harness played (an orchestrator's ``WireTrace``
+    or a live ``Trace``), as verifiers' ``TurnTokens``, in model-call order."""
+    load_plugin()
+    from pydantic import ValidationError
+    from verifiers.v1.types import TurnTokens  # type: ignore[import-untyped]
+
+    turns = trace.info.get(TURN_TOKENS_KEY, [])
+    try:
+        return [TurnTokens.model_validate(turn) for turn in turns]
+    except (ValidationError, TypeError) as exc:
+        raise LlenvsError(
+            f"trace.info[{TURN_TOKENS_KEY!r}] is not a list of TurnTokens: {exc}",
+            field=f"info.{TURN_TOKENS_KEY}",
+            value=turns,
+        ) from exc
 
 
 def _check_address(address: str) -> None:

