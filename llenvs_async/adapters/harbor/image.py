@@ -300,7 +300,13 @@ class TaskImages:
         self._by_task: dict[Path, str] = {}  # by task dir or sidecar Dockerfile
         self._task_locks: dict[Path, asyncio.Lock] = {}
         self._warned: set[tuple[str, str]] = set()
+        self._provisioned: set[Path] = set()  # tasks whose image fetched the verifier's needs
         self.builds = 0
+
+    def provisioned(self, task: HarborTask) -> bool:
+        """Whether ``task`` runs in an image built with its verifier's downloads (so its
+        ``test.sh`` runs offline); ``False`` for a prebuilt image, even with a Dockerfile."""
+        return task.path in self._provisioned
 
     @property
     def aliases(self) -> dict[str, str]:
@@ -391,6 +397,7 @@ class TaskImages:
         dockerfile = await asyncio.to_thread(dockerfile_path.read_text, encoding="utf-8")
         provided = await asyncio.to_thread(_provision_of, task) if provision else None
         if provided is not None:
+            self._provisioned.add(task.path)
             index_url = self.build.provision_index_url
             dockerfile = provision_dockerfile(dockerfile, provided, index_url=index_url)
         uses = []

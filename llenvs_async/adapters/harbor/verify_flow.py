@@ -76,7 +76,7 @@ async def verify_instance(
         )
     else:
         offline = None
-        if provisioned and task.dockerfile is not None:
+        if runtime.images.provisioned(task):  # not a prebuilt image, even with a Dockerfile
             offline = offline_test_sh(
                 (task.tests_dir / "test.sh").read_text(encoding="utf-8"),
                 index_url=runtime.images.build.provision_index_url,

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from llenvs_async.adapters.harbor import load_local_dataset
+from llenvs_async.adapters.harbor.image import BuildSettings, TaskImages
 from llenvs_async.adapters.harbor.network import check_offline_verifier
 from llenvs_async.adapters.harbor.provision import (
     PROVISION_MARK,
@@ -23,6 +24,7 @@ from llenvs_async.adapters.harbor.provision import (
     provision_hint,
 )
 from llenvs_async.adapters.harbor.provision_pip import pip_install
+from llenvs_async.adapters.harbor.task import load_task
 from llenvs_async.cli import main
 from llenvs_async.docker.engine import DockerEngine
 from llenvs_async.docker.images import PYTHON_STANDIN
@@ -213,3 +215,21 @@ async def test_the_oracle_passes_every_pinned_pip_shape_with_the_documented_flag
     assert "thirdparty/pip-unpinned-silent" in printed and "…" not in printed
     assert "ImageError: building the image of task 'thirdparty/uvx-python-312'" in printed
     assert await harbor_containers(docker_engine) == []
+
+
+@pytest.mark.docker
+async def test_a_prebuilt_image_is_not_provisioned_so_its_test_sh_runs_as_written(
+    tmp_path: Path, docker_engine: DockerEngine
+) -> None:
+    """A task naming a local prebuilt image AND a Dockerfile runs the prebuilt one: nothing
+    was fetched at build time, so its test.sh must not be rewritten to skip the installs."""
+    await require_built_images(docker_engine, PYTHON_STANDIN)
+    task_dir = tmp_path / "prebuilt"
+    shutil.copytree(TASKS / "pip-pinned-silent", task_dir)
+    toml = task_dir / "task.toml"
+    prebuilt = f'[environment]\ndocker_image = "{PYTHON_STANDIN}"\n'
+    toml.write_text(toml.read_text().replace("[environment]\n", prebuilt))
+    task = load_task(task_dir)
+    images = TaskImages(build=BuildSettings(provision_verifier=True))
+    assert await images.ensure(docker_engine, task) == PYTHON_STANDIN
+    assert not images.provisioned(task)
