@@ -192,7 +192,10 @@ def test_grpo_trains_on_harbor_rollouts_in_containers_and_leaves_none(
         assert task_containers() == []  # the runner tore the batch down
     assert task_containers() == []
 
-    assert trainer.state.global_step == 2 and live == [4, 4]  # one container per rollout
+    # One container per rollout: at rollout 0's second step its solving sibling is still up,
+    # the two that submitted at once may already be closed; never more than the batch's 4.
+    assert trainer.state.global_step == 2 and len(live) == 2
+    assert all(2 <= n <= 4 for n in live), live
     changed = [n for n, p in model.named_parameters() if not torch.equal(before[n], p.detach())]
     assert changed, "no parameter moved: the optimizer steps did not use our rollouts"
     logs = [entry for entry in trainer.state.log_history if "reward" in entry]
