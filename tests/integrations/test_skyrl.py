@@ -28,7 +28,6 @@ import subprocess
 import sys
 import types
 import typing
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -261,36 +260,6 @@ def test_failure_and_overlong_policies(skyrl: Any, tokenizer: Any) -> None:
 
 async def harbor_factory() -> HarborEnvironment:
     return await HarborAdapter().get_environment(EXAMPLES, max_steps=8)
-
-
-@pytest.fixture
-def no_containers_left() -> Iterator[None]:
-    """Docker preconditions, and "0 containers of ours left" afterwards."""
-    from llenvs_async.adapters.harbor.image import TASK_IMAGE_LABEL
-    from llenvs_async.docker.engine import DockerEngine
-    from llenvs_async.docker.images import BASE_IMAGE, ensure_base_image
-    from llenvs_async.docker.ownership import OWNER_LABEL
-    from llenvs_async.errors import DockerUnavailableError
-    from tests._support import require_built_images
-
-    async def ours(prepare: bool) -> list[Any]:
-        engine = DockerEngine()
-        try:
-            await engine.connect()
-        except DockerUnavailableError as exc:
-            pytest.skip(f"no Docker engine: {exc}")
-        try:
-            if prepare:
-                await require_built_images(engine, BASE_IMAGE)
-                await ensure_base_image(engine)
-            owner = engine.labels[OWNER_LABEL]
-            return list(await engine.list_containers({OWNER_LABEL: owner, TASK_IMAGE_LABEL: None}))
-        finally:
-            await engine.aclose()
-
-    assert asyncio.run(ours(True)) == []
-    yield
-    assert asyncio.run(ours(False)) == [], "the test left Harbor containers behind"
 
 
 @pytest.mark.docker

@@ -23,17 +23,16 @@ from llenvs_async import ClosedError, LlenvsError
 from llenvs_async.adapters.harbor import load_task
 from llenvs_async.adapters.harbor.image import TASK_IMAGE_LABEL
 from llenvs_async.docker.engine import DockerEngine
-from llenvs_async.docker.images import BASE_IMAGE, ensure_base_image
 from llenvs_async.docker.ownership import OWNER_LABEL
-from llenvs_async.errors import DockerUnavailableError
 from llenvs_async.integrations.trl_env import (
     HarborToolEnvironment,
     TRLHarborEnvironments,
     harbor_environment_factory,
 )
-from tests._support import require_built_images, run_child
+from tests._support import run_child
 
 pytestmark = [pytest.mark.trainers, pytest.mark.docker]
+pytest.importorskip("trl")  # the tier: its adapter is TRL-facing
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "examples" / "tasks"
@@ -56,21 +55,6 @@ def task_containers(owner: str | None = None) -> list[str]:
 
 def loop_alive() -> bool:
     return any(t.name == LOOP_THREAD for t in threading.enumerate())
-
-
-@pytest.fixture
-def docker_images() -> None:
-    pytest.importorskip("trl")
-
-    async def check() -> None:
-        async with DockerEngine() as engine:
-            await require_built_images(engine, BASE_IMAGE)
-            await ensure_base_image(engine)
-
-    try:
-        asyncio.run(check())
-    except DockerUnavailableError as exc:
-        pytest.skip(f"no Docker engine: {exc}")
 
 
 @pytest.fixture

@@ -26,12 +26,9 @@ from llenvs_async import (
 from llenvs_async.adapters.harbor import HarborAdapter, load_task
 from llenvs_async.adapters.harbor.image import TASK_IMAGE_LABEL
 from llenvs_async.docker.engine import DockerEngine
-from llenvs_async.docker.images import BASE_IMAGE, ensure_base_image
 from llenvs_async.docker.ownership import OWNER_LABEL
-from llenvs_async.errors import DockerUnavailableError
 from llenvs_async.integrations.trl import environment_reward, rollout_func
 from llenvs_async.policies import shell_reply
-from tests._support import require_built_images
 
 pytestmark = [pytest.mark.trainers, pytest.mark.docker]
 
@@ -52,21 +49,6 @@ def task_containers() -> list[str]:
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, ask()).result()
-
-
-@pytest.fixture
-def docker_images() -> None:
-    """Docker answers and the base image is built; no task container of ours is left."""
-
-    async def check() -> None:
-        async with DockerEngine() as engine:
-            await require_built_images(engine, BASE_IMAGE)
-            await ensure_base_image(engine)
-
-    try:
-        asyncio.run(check())
-    except DockerUnavailableError as exc:
-        pytest.skip(f"no Docker engine: {exc}")
 
 
 class SolutionPolicy:

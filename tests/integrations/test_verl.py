@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -314,42 +314,10 @@ def test_task_missing_from_the_sample_names_the_field(verl_config: Any, tokenize
         asyncio.run(worker.generate_sequences(batch))
 
 
-@pytest.fixture
-def docker_engine_check() -> Iterator[None]:
-    """The Harbor test's Docker preconditions and its "0 containers left" check."""
-    import asyncio
-
-    from llenvs_async.adapters.harbor.image import TASK_IMAGE_LABEL
-    from llenvs_async.docker.engine import DockerEngine
-    from llenvs_async.docker.images import BASE_IMAGE, ensure_base_image
-    from llenvs_async.docker.ownership import OWNER_LABEL
-    from llenvs_async.errors import DockerUnavailableError
-    from tests._support import require_built_images
-
-    async def ours(check: bool) -> list[Any]:
-        engine = DockerEngine()
-        try:
-            await engine.connect()
-        except DockerUnavailableError as exc:
-            pytest.skip(f"no Docker engine: {exc}")
-        try:
-            if check:
-                await require_built_images(engine, BASE_IMAGE)
-                await ensure_base_image(engine)
-            owner = engine.labels[OWNER_LABEL]
-            return list(await engine.list_containers({OWNER_LABEL: owner, TASK_IMAGE_LABEL: None}))
-        finally:
-            await engine.aclose()
-
-    assert asyncio.run(ours(True)) == []
-    yield
-    assert asyncio.run(ours(False)) == [], "the test left Harbor containers behind"
-
-
 @pytest.mark.docker
 @pytest.mark.timeout(300)
 def test_harbor_task_in_a_container_through_verl(
-    verl_config: Any, tokenizer: Any, docker_engine_check: None
+    verl_config: Any, tokenizer: Any, no_containers_left: None
 ) -> None:
     import asyncio
 
