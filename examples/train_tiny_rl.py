@@ -133,6 +133,10 @@ class Policy:
         )
         return [int(t) for t in self.tokenizer.encode(text, add_special_tokens=False)]
 
+    def logprobs(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[Any]:
+        """Per-token logprobs of each ``(prompt_ids, completion_ids)`` under the model."""
+        return _logprobs(self.model, pairs)
+
     def warm_up(self, observations: Sequence[str]) -> float:
         """Supervised steps on the answer FORMAT: coin-flip labels, so no task knowledge."""
         import torch
@@ -147,7 +151,7 @@ class Policy:
             labels = answers * 16  # exactly half each: no bias towards either word
             rng.shuffle(labels)
             pairs = [(rng.choice(prompts), label) for label in labels]
-            logprobs = _logprobs(self.model, pairs)
+            logprobs = self.logprobs(pairs)
             total = -sum(lp.sum() for lp in logprobs) / sum(lp.numel() for lp in logprobs)
             loss = _step(optimizer, total)
         return loss
@@ -163,7 +167,7 @@ class Policy:
             pairs.append((c.prompt_token_ids, c.token_ids))
             old.append(torch.tensor(c.logprobs))
             advantages.append(advantage)
-        new = _logprobs(self.model, pairs)
+        new = self.logprobs(pairs)
         terms = []
         for lp, lp_old, a in zip(new, old, advantages, strict=True):
             ratio = torch.exp(lp - lp_old)
