@@ -7,8 +7,9 @@ time, first step at >= 0.7) and ``agent_rl.png`` (held-out success vs optimizer 
 rollouts consumed and vs wall time; mean over seeds with the interval as a band).
 
 ``--restore`` instead measures what V(s) costs per restore on these tasks: bringing a fresh
-environment to a saved mid-episode state by replay (reset + re-run the actions) vs snapshot
-fork (``SnapshotRestore``: replay once, commit, start later copies from the snapshot).
+environment to a saved mid-episode state by replay (reset + re-run the actions), by snapshot
+fork (``SnapshotRestore``: replay once, commit, start later copies from the snapshot) and by
+gVisor fork (``SnapshotRestore(processes=True)`` under ``runtime="gvisor"``).
 
     python benchmarks/bench_agent_rl.py [--seeds 3] [--steps 30] [--quick]
     python benchmarks/bench_agent_rl.py --restore [--repeats 4]
@@ -95,8 +96,10 @@ def plot(results: Sequence[Any], estimators: Sequence[str], out: Path) -> None:
 
 
 async def restore_costs(repeats: int) -> dict[str, dict[int, float]]:
-    """Mean seconds per restore of a state after 1, 2 and 3 actions, by replay and by
-    snapshot fork, ``repeats`` restores of each state (as ``estimate_values`` does)."""
+    """Mean seconds per restore of a state after 1, 2 and 3 actions, ``repeats`` restores of
+    each (as ``estimate_values`` does): by replay, by snapshot fork (runc: replay once,
+    commit, start later copies from the image) and by gVisor fork (checkpoint the sandbox
+    once, restore later copies with memory and processes)."""
     sys.path.insert(0, str(EXAMPLES))
     from agent_tasks import COMMANDS, build_tasks
 
@@ -108,13 +111,20 @@ async def restore_costs(repeats: int) -> dict[str, dict[int, float]]:
         call = {"name": "bash", "arguments": json.dumps({"command": command})}
         return Action(text="", tool_calls=({"id": "c", "type": "function", "function": call},))
 
+    ways: list[tuple[str, str, Any]] = [
+        ("replay", "runc", lambda: replay_restore),
+        ("snapshot fork", "runc", SnapshotRestore),
+        ("gVisor fork", "gvisor", lambda: SnapshotRestore(processes=True)),
+    ]
     costs: dict[str, dict[int, float]] = {}
     with tempfile.TemporaryDirectory(prefix="relay-tasks-") as root:
         train_dir, _ = build_tasks(root)
-        async with HarborAdapter(action_format="tools", warm_pool=0) as adapter:
-            for name, make in (("replay", lambda: replay_restore), ("fork", SnapshotRestore)):
-                restore = make()
-                costs[name] = {}
+        for name, runtime, make in ways:
+            restore = make()
+            costs[name] = {}
+            async with HarborAdapter(
+                action_format="tools", warm_pool=0, runtime=runtime
+            ) as adapter:
                 for depth in (1, 2, 3):
                     source = await adapter.get_environment(train_dir, max_steps=4)
                     async with source:
@@ -145,9 +155,18 @@ async def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=4)
     args = parser.parse_args(argv)
     if args.restore:
+        rows = ["| restore | after 1 action | after 2 | after 3 |", "|---|---|---|---|"]
         for name, by_depth in (await restore_costs(args.repeats)).items():
             line = ", ".join(f"after {d} actions {s:.2f}s" for d, s in by_depth.items())
             print(f"restore by {name}: {line} (mean of {args.repeats})")
+            rows.append(f"| {name} | " + " | ".join(f"{s:.2f} s" for s in by_depth.values()) + " |")
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "agent_rl_restore.md").write_text(
+            "# Restoring a relay task's mid-episode state (seconds per restore)\n\n"
+            f"Mean of {args.repeats} restores per state, into a fresh container (no warm pool).\n\n"
+            + "\n".join(rows)
+            + "\n"
+        )
         return
     sys.path.insert(0, str(EXAMPLES))
     import train_agent_rl as loop

@@ -28,10 +28,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import itertools
 import json
 import math
 import random
+import re
+import signal
 import statistics
 import sys
 import tempfile
@@ -50,6 +53,7 @@ from agent_tasks import COMMANDS, HELDOUT_NAMES, MAX_ACTIONS, TRAIN_NAMES, build
 
 from llenvs_async import SamplingParams, State, Trajectory, TrajectoryRunner
 from llenvs_async.adapters.harbor import HarborAdapter, SnapshotRestore
+from llenvs_async.docker.engine import DockerEngine
 from llenvs_async.estimation import estimate_values
 from llenvs_async.types import ChatMessage, Transition
 
@@ -62,8 +66,11 @@ class Config:
     groups_per_step: int = 4
     group_size: int = 4
     max_staleness: int = 1
-    lr: float = 1e-4
+    lr: float = 3e-4
+    lr_ramp: int = 5  # RL steps over which the learning rate ramps up linearly
+    kl: float = 0.05  # weight of the KL penalty to the warmed-up policy (k3 estimator)
     clip: float = 0.2
+    ppo_epochs: int = 1  # optimizer steps per batch (4 broke the format within 9 steps)
     warmup_steps: int = 160
     warmup_lr: float = 3e-3
     value_rollouts: int = 4  # Monte Carlo rollouts per distinct live state (vine)
@@ -74,7 +81,8 @@ class Config:
 
     @classmethod
     def quick(cls) -> Config:
-        return cls(steps=12)
+        """The test suite's: the whole loop, both estimators, in about two minutes."""
+        return cls(steps=2, warmup_steps=30, value_rollouts=2, eval_per_task=2)
 
 
 @dataclass
@@ -85,6 +93,7 @@ class StepLog:
     versions: tuple[int, ...]
     failed: int
     format_errors: float  # share of the batch's actions that were not a valid tool call
+    removed_first: float  # share of the batch's episodes that began with the irrecoverable rm
     rollouts: int  # so far, value estimation included
     seconds: float  # since RL started
     heldout: float | None = None
@@ -101,18 +110,35 @@ class RunResult:
     curve: list[tuple[int, int, float, float]] = field(default_factory=list)
 
 
+_FILE = re.compile(r"^\S+\.(src|tmp|out)$")
+
+
+def listing(text: str) -> str | None:
+    """The files a ``bash`` result listed, one per line ("(none)" for none); None for a
+    reply that ran nothing (a format error)."""
+    if not text.startswith("[bash:"):
+        return None
+    files = [line for line in text.splitlines()[1:] if _FILE.match(line)]
+    return "\n".join(files) or "(none)"
+
+
 def markov_prompt(initial: State, transitions: Sequence[Transition]) -> list[ChatMessage]:
-    """The instruction, then the last tool result (all the task's state is in it)."""
+    """The goal and the commands, then the files as the last listing showed them: the
+    task's whole state, always at the prompt's end (a tiny model finds it there)."""
     state = transitions[-1].next_state if transitions else initial
     first = state.history.initial
     # the task's own instruction, without the environment's generic footer (short prompts)
     text = first.text if first is not None else state.observation.text
-    instruction = text.split("\n\n")[0].strip()
-    if state.step == 0:
-        return [ChatMessage(role="user", content=instruction)]
-    text = f"{instruction}\nLast result:\n{state.observation.text}"
-    return [ChatMessage(role="user", content=text)]
+    head, _, files = text.split("\n\n")[0].partition("Files now:\n")
+    for step in reversed(state.history):
+        shown = None if step.observation is None else listing(step.observation.text)
+        if shown is not None:
+            files = shown
+            break
+    return [ChatMessage(role="user", content=f"{head}Files now:\n{files.strip()}")]
 
+
+FORMAT_ADVANTAGE = -1.0
 
 # The one tool the policy is shown, in few tokens (the environment still offers submit).
 BASH_TOOL = {
@@ -136,6 +162,8 @@ class AgentPolicy(tiny.Policy):
     def __init__(self, model_dir: str, cfg: Any, tools: Sequence[Any]) -> None:
         super().__init__(model_dir, cfg)
         self.tools = list(tools)
+        self.reference: Any = None  # a frozen copy of the policy RL starts from
+        self.rl_steps = 0
 
     def prompt_ids(self, observation: str) -> list[int]:
         text = self.tokenizer.apply_chat_template(
@@ -149,6 +177,40 @@ class AgentPolicy(tiny.Policy):
     def logprobs(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[Any]:
         """As the base class's, running the prompts' shared system block once."""
         return shared_prefix_logprobs(self.model, pairs)
+
+    def train(self, samples: Sequence[tuple[Transition, float]]) -> float:
+        """``ppo_epochs`` PPO-clip steps on one batch (token mean) with GRPO's KL penalty to
+        the warmed-up policy; the learning rate ramps up over ``lr_ramp`` batches and the
+        gradient norm is clipped at 1: without them one Adam step (sign-like while its
+        moments are fresh) breaks the format."""
+        import torch
+
+        if self.reference is None:
+            self.reference = copy.deepcopy(self.model).requires_grad_(False)
+        pairs, old, advantages = tiny.ppo_batch(samples)
+        with torch.no_grad():
+            ref = shared_prefix_logprobs(self.reference, pairs)
+        self.rl_steps += 1
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.cfg.lr * min(1.0, self.rl_steps / self.cfg.lr_ramp)
+        loss = math.nan
+        for _ in range(self.cfg.ppo_epochs):
+            terms = []
+            for lp, lp_old, lp_ref, a in zip(
+                self.logprobs(pairs), old, ref, advantages, strict=True
+            ):
+                ratio = torch.exp(lp - lp_old)
+                clipped = ratio.clamp(1 - self.cfg.clip, 1 + self.cfg.clip)
+                gap = lp_ref - lp
+                kl = torch.exp(gap) - gap - 1  # k3: unbiased, >= 0
+                terms.append(torch.minimum(ratio * a, clipped * a) - self.cfg.kl * kl)
+            total = -torch.cat(terms).mean()
+            self.optimizer.zero_grad()
+            total.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            self.optimizer.step()
+            loss = float(total.detach())
+        return loss
 
     def warm_up(self, observations: Sequence[str]) -> float:
         """Supervised steps: random relay prompts, labels uniform over the listed commands."""
@@ -172,16 +234,16 @@ class AgentPolicy(tiny.Policy):
 
 
 def warmup_observations(instructions: Sequence[str], seed: int) -> list[str]:
-    """Prompts shaped like the policy's: an instruction, alone or with a random last result
-    (a random command and a random listing): nothing in them says which command is right."""
+    """Prompts shaped like the policy's: a train task's goal and commands, then a random
+    listing: nothing in them says which command is right."""
     rng = random.Random(seed)
-    prompts = [i.strip() for i in instructions]
-    for instruction in prompts:
-        name = instruction.split(".", 1)[0].removeprefix("F=")
-        for _ in range(6):
+    prompts = []
+    for instruction in instructions:
+        head = instruction.partition("Files now:\n")[0]
+        name = head.split(".", 1)[0].removeprefix("F=")
+        for _ in range(8):
             files = [f"{name}.{ext}" for ext in ("out", "src", "tmp") if rng.random() < 0.5]
-            result = f"[bash: {rng.choice(COMMANDS)}]\n" + "\n".join(files)
-            prompts.append(f"{instruction}\nLast result:\n{result}")
+            prompts.append(f"{head}Files now:\n" + ("\n".join(files) or "(none)"))
     return prompts
 
 
@@ -237,6 +299,42 @@ async def vine_advantages(
     estimates = await estimate_values(runner, list(live.values()), num_rollouts=rollouts)
     value = {k: e.mean for k, e in zip(live, estimates, strict=True)}
     return vine_samples(batch, value), len(live) * rollouts
+
+
+def whiten(samples: Sequence[tuple[Transition, float]]) -> list[tuple[Transition, float]]:
+    """Advantages divided by their standard deviation over the batch (PPO's usual
+    normalisation): TD errors of a 0/1 reward are ~0.2, GRPO's normalised ones ~1."""
+    std = statistics.pstdev(a for _, a in samples) if len(samples) > 1 else 0.0
+    return [(tr, a / (std + 1e-4)) for tr, a in samples]
+
+
+def penalise_format_errors(
+    samples: Sequence[tuple[Transition, float]],
+) -> list[tuple[Transition, float]]:
+    """A step whose reply was not a valid call gets advantage ``FORMAT_ADVANTAGE`` under both
+    estimators: it always wastes an action, and under GRPO a wasted step of a successful
+    episode would otherwise be reinforced (that drove the policy into malformed calls)."""
+    return [
+        (tr, FORMAT_ADVANTAGE if tr.info.get("parse_error") is not None else a) for tr, a in samples
+    ]
+
+
+def command_of(transition: Transition) -> str | None:
+    """The command a step's ``bash`` call ran (None for a format error)."""
+    calls = transition.action.tool_calls
+    if transition.info.get("parse_error") is not None or not calls:
+        return None
+    arguments = calls[0].get("function", {}).get("arguments", {})
+    if isinstance(arguments, str):
+        arguments = json.loads(arguments)
+    command = arguments.get("command")
+    return command if isinstance(command, str) else None
+
+
+def removed_first(batch: Sequence[Trajectory]) -> float:
+    """Share of episodes whose first command removed the original (irrecoverable)."""
+    firsts = [command_of(t.transitions[0]) if t.transitions else None for t in batch]
+    return sum(c is not None and c.startswith("rm ") for c in firsts) / max(len(batch), 1)
 
 
 def format_error_rate(batch: Sequence[Trajectory]) -> float:
@@ -333,8 +431,9 @@ async def train(
                 samples = [s for g in groups for s in grpo_advantages(g)]
             else:
                 samples, extra = await vine_advantages(train_runner, batch, cfg.value_rollouts)
+                samples = whiten(samples)
                 rollouts += extra
-            await asyncio.to_thread(policy.train, samples)
+            await asyncio.to_thread(policy.train, penalise_format_errors(samples))
             version += 1
             weights = policy.model.named_parameters()
             await backend.update_weights(weights, version=version, mode="keep")
@@ -345,6 +444,7 @@ async def train(
                 versions=tuple(sorted({v for t in batch for v in t.policy_versions})),
                 failed=failed,
                 format_errors=format_error_rate(batch),
+                removed_first=removed_first(batch),
                 rollouts=rollouts,
                 seconds=time.monotonic() - start,
             )
@@ -357,7 +457,8 @@ async def train(
                 print(
                     f"{tag} step {step:3d}  success {log.success:.2f}  staleness {staleness}  "
                     f"versions {list(log.versions)}  failed {failed}  rollouts {rollouts:5d}  "
-                    f"format-errors {log.format_errors:.2f}  {log.seconds:6.1f}s{held}",
+                    f"format-errors {log.format_errors:.2f}  rm-first {log.removed_first:.2f}  "
+                    f"{log.seconds:6.1f}s{held}",
                     flush=True,
                 )
     result.after = await heldout_success(eval_runner, cfg.eval_per_task)
@@ -400,17 +501,31 @@ async def main(argv: Sequence[str] | None = None) -> list[RunResult]:
     parser.add_argument("--estimator", choices=("grpo", "vine", "both"), default="both")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lr", type=float, default=None, help="RL learning rate")
+    parser.add_argument("--value-rollouts", type=int, default=None, help="per live state (vine)")
     parser.add_argument("--quick", action="store_true", help="the test suite's short run")
     args = parser.parse_args(argv)
     cfg = Config.quick() if args.quick else Config()
     if args.steps is not None:
         cfg.steps = args.steps
+    if args.lr is not None:
+        cfg.lr = args.lr
+    if args.value_rollouts is not None:
+        cfg.value_rollouts = args.value_rollouts
     estimators = ("grpo", "vine") if args.estimator == "both" else (args.estimator,)
     results = await run_all(estimators, [args.seed], cfg)
+    async with DockerEngine() as engine:
+        left = await engine.own_containers()
+    print(f"containers left: {len(left)}")
     for r in results:
         print(f"held-out success ({r.estimator}): {r.before:.2f} -> {r.after:.2f}")
     return results
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # SIGTERM tears down like Ctrl-C: engine and containers closed
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _interrupt)
     asyncio.run(main())

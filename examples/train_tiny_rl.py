@@ -160,13 +160,7 @@ class Policy:
         """One PPO-clip step on ``(transition, advantage)`` pairs (token-mean loss)."""
         import torch
 
-        pairs, old, advantages = [], [], []
-        for transition, advantage in samples:
-            c = transition.completion
-            assert c is not None and c.logprobs is not None
-            pairs.append((c.prompt_token_ids, c.token_ids))
-            old.append(torch.tensor(c.logprobs))
-            advantages.append(advantage)
+        pairs, old, advantages = ppo_batch(samples)
         new = self.logprobs(pairs)
         terms = []
         for lp, lp_old, a in zip(new, old, advantages, strict=True):
@@ -174,6 +168,23 @@ class Policy:
             clipped = ratio.clamp(1 - self.cfg.clip, 1 + self.cfg.clip)
             terms.append(torch.minimum(ratio * a, clipped * a))
         return _step(self.optimizer, -torch.cat(terms).mean())
+
+
+def ppo_batch(
+    samples: Sequence[tuple[Transition, float]],
+) -> tuple[list[tuple[Sequence[int], Sequence[int]]], list[Any], list[float]]:
+    """``(prompt_ids, completion_ids)`` pairs, the engine's logprobs (tensors) and the
+    advantages of ``(transition, advantage)`` samples."""
+    import torch
+
+    pairs, old, advantages = [], [], []
+    for transition, advantage in samples:
+        c = transition.completion
+        assert c is not None and c.logprobs is not None
+        pairs.append((c.prompt_token_ids, c.token_ids))
+        old.append(torch.tensor(c.logprobs))
+        advantages.append(advantage)
+    return pairs, old, advantages
 
 
 def _step(optimizer: Any, loss: Any) -> float:

@@ -3,7 +3,9 @@
 The advantage tests would fail with V = 0, a flipped sign or an off-by-one step: they check
 ``A_t = r_t + V(s_{t+1}) - V(s_t)`` on hand-set values, and on values ``estimate_values``
 measured for a pure corridor game where an early wasted move is irrecoverable. The run test
-drives the real loop (vLLM CPU engine, Harbor tasks in Docker) and asserts improvement.
+drives the real loop (vLLM CPU engine, Harbor tasks in Docker) for both estimators and
+checks its accounting; it does not assert improvement: the full run does not improve yet
+(docs/agent-rl.md has the measurements).
 """
 
 from __future__ import annotations
@@ -86,32 +88,42 @@ def test_grpo_advantages_are_normalised_within_the_group(example: ModuleType) ->
 
 
 _STEP = re.compile(
-    r"^\[(\w+) seed \d+\] step +\d+ +success [\d.]+ +staleness (\d+) .* rollouts +\d+ +"
-    r"format-errors ([\d.]+)"
+    r"^\[(\w+) seed \d+\] step +\d+ +success ([\d.]+) +staleness (\d+) .* rollouts +(\d+) +"
+    r"format-errors ([\d.]+) +rm-first ([\d.]+)"
 )
 _FINAL = re.compile(r"^held-out success \((\w+)\): ([\d.]+) -> ([\d.]+)$")
 
 
 @pytest.mark.vllm
 @pytest.mark.docker
-@pytest.mark.timeout(1500)
-@pytest.mark.xfail(
-    strict=True,
-    reason="measured 2026-12-03: the policy collapses to format errors under RL (lr 3e-4)",
-)
-def test_quick_run_improves_held_out_success(vllm_ready: str, docker_ready: None) -> None:  # noqa: F811
+@pytest.mark.timeout(900)
+def test_quick_run_trains_both_estimators_in_containers(
+    vllm_ready: str,  # noqa: F811
+    docker_ready: None,
+) -> None:
+    """The whole loop on the real engine and real containers: a line per step for each
+    estimator, staleness within its bound, vine spending value rollouts on top of the
+    episodes, both held-out measurements, and no container left."""
     example = load_example("train_agent_rl.py")
     cfg = example.Config.quick()
-    out = run_example("train_agent_rl.py", "--quick", "--estimator", "both", timeout=1400).stdout
-    steps: dict[str, list[int]] = {"grpo": [], "vine": []}
+    out = run_example("train_agent_rl.py", "--quick", "--estimator", "both", timeout=840).stdout
+    steps: dict[str, list[tuple[int, int]]] = {"grpo": [], "vine": []}
     final = {}
     for line in out.splitlines():
         if m := _STEP.match(line):
-            steps[m[1]].append(int(m[2]))
+            steps[m[1]].append((int(m[3]), int(m[4])))
+            assert 0.0 <= float(m[5]) <= 1.0 and 0.0 <= float(m[6]) <= 1.0, line
         elif m := _FINAL.match(line):
             final[m[1]] = (float(m[2]), float(m[3]))
     assert set(final) == {"grpo", "vine"}, out
-    for staleness in steps.values():
-        assert len(staleness) == cfg.steps, out
-        assert max(staleness) <= cfg.max_staleness, out
-    assert max(after - before for before, after in final.values()) >= 0.3, final
+    episodes = cfg.group_size * cfg.groups_per_step
+    for estimator, logged in steps.items():
+        assert len(logged) == cfg.steps, out
+        assert max(s for s, _ in logged) <= cfg.max_staleness, out
+        rollouts = [r for _, r in logged]
+        if estimator == "grpo":
+            assert rollouts == [episodes * (i + 1) for i in range(cfg.steps)], out
+        else:  # the episodes and, per step, at least the start state's value rollouts
+            spent = [b - a for a, b in zip([0, *rollouts[:-1]], rollouts, strict=True)]
+            assert min(spent) >= episodes + cfg.value_rollouts, out
+    assert "containers left: 0" in out
