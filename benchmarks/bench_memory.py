@@ -46,7 +46,8 @@ GROWTH_LIMIT = 1.25
 PACKAGE = Path(llenvs_async.__file__).resolve().parent
 CATEGORIES = ("framework", "environment", "backend", "other")
 _OWNERS = ((PACKAGE / "envs", "environment"), (PACKAGE / "backends", "backend"))
-_TYPES = PACKAGE / "types.py"
+# Where the value types live: llenvs_async.types and the history it re-exports.
+_VALUES = (PACKAGE / "types.py", PACKAGE / "_history.py")
 
 
 class ProbeBackend(ScriptedBackend):
@@ -82,12 +83,12 @@ async def _run_to_probe(
 
 def _category(trace: tracemalloc.Traceback) -> str:
     """Who allocated: the innermost frame inside llenvs_async decides; none -> other.
-    Value types (``types.py``) are built on behalf of their caller: an environment's
-    ``state.advance`` allocates the state's history node for the environment.
+    Value types (``types.py``, ``_history.py``) are built on behalf of their caller: an
+    environment's ``state.advance`` allocates the state's history node for the environment.
     """
     for frame in reversed(trace):
         path = Path(frame.filename)
-        if PACKAGE not in path.parents or path == _TYPES:
+        if PACKAGE not in path.parents or path in _VALUES:
             continue
         for folder, name in _OWNERS:
             if folder in path.parents:
@@ -265,11 +266,14 @@ def run(quick: bool = False) -> Result:
             "each allocation's traceback; llenvs_async/envs -> environment, "
             "llenvs_async/backends -> backend, other llenvs_async code -> framework; "
             "none -> other (asyncio machinery), counted with the framework in the target. "
-            "Frames in llenvs_async/types.py are skipped: a value is charged to the code "
-            "that builds it (a state's history node to the environment's state.advance).",
+            "Frames in llenvs_async/types.py and _history.py are skipped: a value is charged "
+            "to the code that builds it (a state's history node to the environment's "
+            "state.advance).",
             f"Framework: {fw['intercept']:.0f} B + {fw['slope']:.0f} B per step (fit), so "
             f"within {LIMIT_BYTES} B up to T = {(LIMIT_BYTES - fw['intercept']) / fw['slope']:.0f} "
-            "steps. Per step: a Transition, an Action, two ChatMessages and list slots.",
+            "steps. Per step: a Transition, an Action, two ChatMessages, two doubles of "
+            "timing (a transition's info gets them when its trajectory is made) and the "
+            "slots of the transition list and the conversation tuple.",
             f"Curvature of the total: {curvature(lengths, totals):.1f} B/step^2: a state "
             "links to its parent's history (State.actions is a persistent path, one node "
             "per step), so no state copies the prefix.",

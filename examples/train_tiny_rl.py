@@ -133,6 +133,10 @@ class Policy:
         )
         return [int(t) for t in self.tokenizer.encode(text, add_special_tokens=False)]
 
+    def logprobs(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[Any]:
+        """Per-token logprobs of each ``(prompt_ids, completion_ids)`` under the model."""
+        return _logprobs(self.model, pairs)
+
     def warm_up(self, observations: Sequence[str]) -> float:
         """Supervised steps on the answer FORMAT: coin-flip labels, so no task knowledge."""
         import torch
@@ -147,7 +151,7 @@ class Policy:
             labels = answers * 16  # exactly half each: no bias towards either word
             rng.shuffle(labels)
             pairs = [(rng.choice(prompts), label) for label in labels]
-            logprobs = _logprobs(self.model, pairs)
+            logprobs = self.logprobs(pairs)
             total = -sum(lp.sum() for lp in logprobs) / sum(lp.numel() for lp in logprobs)
             loss = _step(optimizer, total)
         return loss
@@ -156,20 +160,31 @@ class Policy:
         """One PPO-clip step on ``(transition, advantage)`` pairs (token-mean loss)."""
         import torch
 
-        pairs, old, advantages = [], [], []
-        for transition, advantage in samples:
-            c = transition.completion
-            assert c is not None and c.logprobs is not None
-            pairs.append((c.prompt_token_ids, c.token_ids))
-            old.append(torch.tensor(c.logprobs))
-            advantages.append(advantage)
-        new = _logprobs(self.model, pairs)
+        pairs, old, advantages = ppo_batch(samples)
+        new = self.logprobs(pairs)
         terms = []
         for lp, lp_old, a in zip(new, old, advantages, strict=True):
             ratio = torch.exp(lp - lp_old)
             clipped = ratio.clamp(1 - self.cfg.clip, 1 + self.cfg.clip)
             terms.append(torch.minimum(ratio * a, clipped * a))
         return _step(self.optimizer, -torch.cat(terms).mean())
+
+
+def ppo_batch(
+    samples: Sequence[tuple[Transition, float]],
+) -> tuple[list[tuple[Sequence[int], Sequence[int]]], list[Any], list[float]]:
+    """``(prompt_ids, completion_ids)`` pairs, the engine's logprobs (tensors) and the
+    advantages of ``(transition, advantage)`` samples."""
+    import torch
+
+    pairs, old, advantages = [], [], []
+    for transition, advantage in samples:
+        c = transition.completion
+        assert c is not None and c.logprobs is not None
+        pairs.append((c.prompt_token_ids, c.token_ids))
+        old.append(torch.tensor(c.logprobs))
+        advantages.append(advantage)
+    return pairs, old, advantages
 
 
 def _step(optimizer: Any, loss: Any) -> float:

@@ -15,6 +15,7 @@ logprobs are never touched. vLLM is imported lazily, only when parsers are asked
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -109,6 +110,10 @@ class OutputParsers:
         self.reasoning_parser = reasoning_parser
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.grammar_waits_for_reasoning = grammar_waits_for_reasoning
+        if tool_call_parser is not None:
+            # A malformed call is the model's output, recorded as the step's parse error;
+            # vLLM's parsers would also log a traceback for every one of them.
+            logging.getLogger("vllm.tool_parsers").setLevel(logging.CRITICAL)
         compose = {
             "enable_auto_tools": tool_call_parser is not None,
             "tool_strict_level": tool_strict_level,

@@ -18,26 +18,22 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import email.utils
-import json
 import logging
 import os
-import random
-import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, Literal, TypeVar
-from urllib.parse import urlsplit
+from typing import Any, Literal
 
 import httpx
 
 from .._resource import AsyncResource
-from ..errors import BackendError, BackendTimeoutError, ClosedError, ContextLengthError
+from ..errors import BackendError, ClosedError
 from ..types import ChatMessage, Completion, GenerationError, GenerationRequest, SamplingParams
 from ._concurrency import gather_in_order
+from ._openai_http import ServerClient, api_root, is_rejection, parse_body
+from ._openai_requests import group_prompts, parsed, rejected
 from ._openai_rl import ServerSwap
 from ._openai_wire import (
-    MalformedResponse,
     Prompt,
     chat_payload,
     completions_payload,
@@ -45,8 +41,8 @@ from ._openai_wire import (
     parse_completions_response,
     render_plain_prompt,
 )
-from ._outcomes import check_context_length, context_overflow, request_error
-from ._parsing import OutputParsers, ParsePlan, check_parser_names, forces_tool_call
+from ._outcomes import check_context_length
+from ._parsing import OutputParsers, check_parser_names
 from ._weights import (
     DEFAULT_UPDATE_TIMEOUT,
     UpdateMode,
@@ -58,12 +54,7 @@ from ._weights import (
 
 __all__ = ["OpenAIBackend", "render_plain_prompt"]
 
-T = TypeVar("T")
-
 _log = logging.getLogger(__name__)
-
-_RETRYABLE_STATUS = frozenset({408, 429})
-_SNIPPET = 500
 
 
 class OpenAIBackend(AsyncResource):
@@ -156,36 +147,28 @@ class OpenAIBackend(AsyncResource):
             raise ValueError(f"OpenAIBackend backoff must be >= 0, got {backoff!r}/{max_backoff!r}")
         if max_concurrency < 1:
             raise ValueError(f"OpenAIBackend max_concurrency must be >= 1, got {max_concurrency!r}")
-        self.base_url = _api_root(base_url)
+        self.base_url = api_root(base_url)
         self.model = model
         self.mode = mode
-        self.max_retries = max_retries
-        self.backoff = backoff
-        self.max_backoff = max_backoff
         self.vllm_extras = vllm_extras
         self.extra_body: Mapping[str, Any] = MappingProxyType(dict(extra_body or {}))
         self._prompt_renderer = prompt_renderer
-        self._timeout = httpx.Timeout(timeout)
         key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
-        self._headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self._owns_client = client is None
-        self._client = client or httpx.AsyncClient(
-            timeout=self._timeout,
-            limits=httpx.Limits(
-                max_connections=max_concurrency, max_keepalive_connections=max_concurrency
-            ),
+        self._http = ServerClient(
+            client,
+            headers={"Authorization": f"Bearer {key}"} if key else {},
+            timeout=timeout,
+            max_retries=max_retries,
+            backoff=backoff,
+            max_backoff=max_backoff,
+            max_concurrency=max_concurrency,
+            context_length=context_length,
         )
-        self._semaphore = asyncio.Semaphore(max_concurrency)
-        self._sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
-        self._random = random.Random()
         self._tokenizer = tokenizer
         self._tokenizer_lock = asyncio.Lock()
         self._weights = WeightSwitch(
             policy_version, handoff_dir, update_timeout, owner="OpenAIBackend"
         )
-        self._context_length = context_length
-        self._context_known = context_length is not None
-        self._context_lock = asyncio.Lock()
         self._tool_call_parser = tool_call_parser
         self._reasoning_parser = reasoning_parser
         self._chat_template_kwargs = dict(chat_template_kwargs or {})
@@ -196,6 +179,18 @@ class OpenAIBackend(AsyncResource):
         return (
             f"OpenAIBackend(base_url={self.base_url!r}, model={self.model!r}, mode={self.mode!r})"
         )
+
+    @property
+    def max_retries(self) -> int:
+        return self._http.max_retries
+
+    @property
+    def backoff(self) -> float:
+        return self._http.backoff
+
+    @property
+    def max_backoff(self) -> float:
+        return self._http.max_backoff
 
     @property
     def policy_version(self) -> int | None:
@@ -219,7 +214,7 @@ class OpenAIBackend(AsyncResource):
         check_update(mode, version, owner="OpenAIBackend")
         if self._closed:
             raise ClosedError("OpenAIBackend")
-        target = ServerSwap(self._client, self.base_url, self._headers)
+        target = ServerSwap(self._http.client, self.base_url, self._http.headers)
         await self._weights.switch(named_tensors, version, mode, target)
 
     async def get_context_length(self) -> int | None:
@@ -227,33 +222,7 @@ class OpenAIBackend(AsyncResource):
         the model's entry in ``GET /models`` (asked once, cached), else None. A server that
         cannot be reached is asked again next time; one that answers without the field
         (or with an error status) is not."""
-        if self._context_known:
-            return self._context_length
-        async with self._context_lock:
-            if not self._context_known:
-                self._context_length = await self._fetch_context_length()
-        return self._context_length
-
-    async def _fetch_context_length(self) -> int | None:
-        url = f"{self.base_url}/models"
-        try:
-            response = await self._client.get(url, headers=self._headers, timeout=self._timeout)
-        except httpx.HTTPError as exc:
-            _log.warning("GET %s failed (%r): the context window is unknown for now", url, exc)
-            return None
-        self._context_known = True
-        if response.status_code >= 300:
-            return None
-        try:
-            entries = response.json().get("data")
-        except (ValueError, AttributeError):
-            return None
-        for entry in entries if isinstance(entries, list) else ():
-            if isinstance(entry, Mapping) and entry.get("id") == self.model:
-                value = entry.get("max_model_len")
-                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                    return value
-        return None
+        return await self._http.context_length(self.base_url, self.model)
 
     async def generate(
         self, requests: Sequence[GenerationRequest], params: SamplingParams
@@ -278,29 +247,12 @@ class OpenAIBackend(AsyncResource):
 
         async def send() -> Completion | GenerationError:
             try:
-                response = await self._post_within_window(url, payload)
+                response = await self._http.post_within_window(url, payload)
             except BackendError as exc:
-                return _rejected(exc, index, request)
-            return tag(_parse(response, parse_chat_response), self._weights.version)
+                return rejected(exc, index, request)
+            return tag(parse_body(response, parse_chat_response), self._weights.version)
 
         return await self._weights.complete_one(send)
-
-    async def _post_within_window(self, url: str, payload: Mapping[str, Any]) -> httpx.Response:
-        """POST one prompt; when the server rejects it because prompt + ``max_tokens`` is over
-        the window and its message states the prompt's length (OpenAI, SGLang, vLLM < 0.10),
-        send it once more with ``max_tokens`` = what the prompt leaves."""
-        try:
-            return await self._post(url, payload)
-        except ContextLengthError as exc:
-            overflow = context_overflow(f"{exc.message}\n{exc.body or ''}")
-            room = overflow.room() if overflow is not None else None
-            sent = payload.get("max_tokens")
-            if room is None or room < 1 or not isinstance(sent, int) or room >= sent:
-                raise
-            _log.debug(
-                "%s: prompt + max_tokens over the window; max_tokens %d -> %d", url, sent, room
-            )
-            return await self._post(url, {**payload, "max_tokens": room})
 
     async def _completions(
         self, requests: Sequence[GenerationRequest], params: SamplingParams
@@ -319,31 +271,9 @@ class OpenAIBackend(AsyncResource):
         window = (
             await self.get_context_length() if any(isinstance(p, list) for p in prompts) else None
         )
-        results: dict[int, Completion | GenerationError] = {}
-        plans: dict[int, ParsePlan] = {}
-        groups: dict[tuple[Any, ...], list[int]] = {}
-        for i, (prompt, request) in enumerate(zip(prompts, requests, strict=True)):
-            try:
-                max_tokens = params.max_tokens
-                if isinstance(prompt, list) and window is not None:
-                    max_tokens = _room(len(prompt), window, max_tokens)
-                extra: tuple[tuple[str, Any], ...] = ()
-                if forces_tool_call(request.tool_choice):
-                    raise BackendError(
-                        f"tool_choice={request.tool_choice!r}: the completions route takes no "
-                        "tool_choice (use mode='chat', or VLLMBackend)"
-                    )
-                if parsers is not None:
-                    ids = prompt if isinstance(prompt, list) else []
-                    plan = parsers.plan(request, ids)
-                    plans[i] = plan
-                    if self.vllm_extras and "skip_special_tokens" in plan.sampling:
-                        extra = (("skip_special_tokens", plan.sampling["skip_special_tokens"]),)
-            except BackendError as exc:
-                results[i] = _own_error(exc, i, request)
-                continue
-            key = (isinstance(prompt, list), request.seed, max_tokens, extra)
-            groups.setdefault(key, []).append(i)
+        results, plans, groups = group_prompts(
+            prompts, requests, params, window, parsers, vllm_extras=self.vllm_extras
+        )
         parts = await gather_in_order(
             self._completions_group(
                 idx,
@@ -357,28 +287,7 @@ class OpenAIBackend(AsyncResource):
         )
         for idx, outcomes in zip(groups.values(), parts, strict=True):
             results.update(zip(idx, outcomes, strict=True))
-        return [
-            self._parsed(i, results[i], plans.get(i), requests[i]) for i in range(len(requests))
-        ]
-
-    def _parsed(
-        self,
-        index: int,
-        outcome: Completion | GenerationError,
-        plan: ParsePlan | None,
-        request: GenerationRequest,
-    ) -> Completion | GenerationError:
-        """``outcome`` split by the local parsers (completions mode)."""
-        if plan is None or not isinstance(outcome, Completion):
-            return outcome
-        try:
-            return plan.apply(outcome)
-        except Exception as exc:
-            error = BackendError(
-                f"vLLM's parsers failed on the output: {type(exc).__name__}: {exc}"
-            )
-            error.__cause__ = exc
-            return _own_error(error, index, request)
+        return [parsed(i, results[i], plans.get(i), requests[i]) for i in range(len(requests))]
 
     async def _output_parsers(self) -> OutputParsers | None:
         """The local parsers (completions mode), built once for the tokenizer."""
@@ -423,13 +332,13 @@ class OpenAIBackend(AsyncResource):
             )
             try:
                 if len(ks) == 1:
-                    response = await self._post_within_window(url, payload)
+                    response = await self._http.post_within_window(url, payload)
                 else:
-                    response = await self._post(url, payload)
+                    response = await self._http.post(url, payload)
             except BackendError as exc:
                 if len(ks) == 1:
-                    return [_rejected(exc, indices[ks[0]], requests[indices[ks[0]]])]
-                if not _is_rejection(exc):
+                    return [rejected(exc, indices[ks[0]], requests[indices[ks[0]]])]
+                if not is_rejection(exc):
                     raise
                 alone = await gather_in_order(
                     self._completions_group(
@@ -438,64 +347,10 @@ class OpenAIBackend(AsyncResource):
                     for k in ks
                 )
                 return [outcome for [outcome] in alone]
-            parsed = _parse(response, lambda data: parse_completions_response(data, len(ks)))
-            return [tag(c, self._weights.version) for c in parsed]
+            outcomes = parse_body(response, lambda data: parse_completions_response(data, len(ks)))
+            return [tag(c, self._weights.version) for c in outcomes]
 
         return await self._weights.complete(send, len(prompts))
-
-    async def _post(self, url: str, payload: Mapping[str, Any]) -> httpx.Response:
-        """POST with retries; returns a 2xx response or raises ``BackendError``."""
-        attempt = 0
-        while True:
-            retry_after: float | None = None
-            try:
-                async with self._semaphore:
-                    response = await self._client.post(
-                        url, json=payload, headers=self._headers, timeout=self._timeout
-                    )
-            except httpx.TimeoutException as exc:
-                if attempt >= self.max_retries:
-                    raise BackendTimeoutError(
-                        f"POST {url} timed out after {attempt + 1} attempt(s) "
-                        f"({type(exc).__name__}, timeout {self._timeout.read}s)",
-                        url=url,
-                    ) from exc
-            except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
-                raise BackendError(f"POST {url} cannot be sent: {exc}", url=url) from exc
-            except httpx.TransportError as exc:
-                if attempt >= self.max_retries:
-                    raise BackendError(
-                        f"POST {url} failed after {attempt + 1} attempt(s): "
-                        f"{type(exc).__name__}: {exc}",
-                        url=url,
-                    ) from exc
-            except httpx.HTTPError as exc:
-                raise BackendError(
-                    f"POST {url} failed: {type(exc).__name__}: {exc}", url=url
-                ) from exc
-            else:
-                status = response.status_code
-                if status < 300:
-                    return response
-                retryable = status in _RETRYABLE_STATUS or status >= 500
-                if not retryable or attempt >= self.max_retries:
-                    tries = f" after {attempt + 1} attempt(s)" if retryable else ""
-                    raise request_error(
-                        f"POST {url} failed with HTTP {status}{tries}: {_snippet(response.text)}",
-                        status_code=status,
-                        url=url,
-                        body=response.text,
-                    )
-                retry_after = _retry_after(response.headers.get("retry-after"))
-            await self._sleep(self._delay(attempt, retry_after))
-            attempt += 1
-
-    def _delay(self, attempt: int, retry_after: float | None) -> float:
-        """``Retry-After`` when the server sent one, else exponential backoff with jitter."""
-        if retry_after is not None:
-            return min(retry_after, self.max_backoff)
-        ceiling = min(self.max_backoff, self.backoff * 2.0**attempt)
-        return ceiling / 2 + self._random.uniform(0, ceiling / 2)
 
     def token_mode_error(self) -> str | None:
         """Why this backend cannot serve token mode (None when it can)."""
@@ -530,8 +385,7 @@ class OpenAIBackend(AsyncResource):
         if self._closed:
             return
         self._closed = True
-        if self._owns_client:
-            await self._client.aclose()
+        await self._http.aclose()
 
 
 def _load_tokenizer(source: str | os.PathLike[str]) -> Any:
@@ -549,85 +403,3 @@ def _load_tokenizer(source: str | os.PathLike[str]) -> Any:
             f"OpenAIBackend could not load the tokenizer {str(source)!r}: "
             f"{type(exc).__name__}: {exc}"
         ) from exc
-
-
-def _is_rejection(exc: BackendError) -> bool:
-    """A non-retryable 4xx: the server refused this request's content, not the round."""
-    status = exc.status_code
-    return status is not None and 400 <= status < 500 and status not in _RETRYABLE_STATUS
-
-
-def _room(prompt_length: int, window: int, max_tokens: int) -> int:
-    """``max_tokens`` clamped to what a prompt of ``prompt_length`` tokens leaves of the
-    window; a ``ContextLengthError`` when it leaves nothing."""
-    if prompt_length >= window:
-        raise ContextLengthError(
-            f"the prompt is {prompt_length} tokens and the model's maximum context length is "
-            f"{window} tokens: no room for a completion (not sent)"
-        )
-    return min(max_tokens, window - prompt_length)
-
-
-def _own_error(exc: BackendError, index: int, request: GenerationRequest) -> GenerationError:
-    """A failure of one request (found before sending, or a rejection), as the request's
-    own outcome naming it."""
-    error = type(exc)(
-        f"request {index} of the round (rollout {request.rollout_index}, step {request.step}): "
-        f"{exc.message}",
-        status_code=exc.status_code,
-        url=exc.url,
-        body=exc.body,
-    )
-    error.__cause__ = exc.__cause__ or exc
-    return GenerationError(error=error, request_index=index)
-
-
-def _rejected(exc: BackendError, index: int, request: GenerationRequest) -> GenerationError:
-    """A rejection as the request's own outcome (naming it); anything else fails the round."""
-    if not _is_rejection(exc):
-        raise exc
-    return _own_error(exc, index, request)
-
-
-def _api_root(base_url: str) -> str:
-    url = base_url.rstrip("/")
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"OpenAIBackend base_url must be an http(s) URL, got {base_url!r}")
-    return url if parts.path else f"{url}/v1"
-
-
-def _parse(response: httpx.Response, parser: Callable[[Any], T]) -> T:
-    """Decode JSON and run ``parser``; any shape problem becomes a ``BackendError``."""
-    url = str(response.request.url)
-    try:
-        return parser(response.json())
-    except (json.JSONDecodeError, UnicodeDecodeError, MalformedResponse) as exc:
-        reason = "the body is not JSON" if not isinstance(exc, MalformedResponse) else str(exc)
-        raise BackendError(
-            f"POST {url} returned a malformed body (HTTP {response.status_code}): {reason}; "
-            f"body: {_snippet(response.text)}",
-            status_code=response.status_code,
-            url=url,
-            body=response.text,
-        ) from exc
-
-
-def _snippet(text: str) -> str:
-    text = " ".join(text.split())
-    return repr(text if len(text) <= _SNIPPET else text[:_SNIPPET] + "...")
-
-
-def _retry_after(value: str | None) -> float | None:
-    """Seconds from a ``Retry-After`` header (delta-seconds or HTTP date)."""
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())

@@ -17,16 +17,15 @@ import inspect
 import logging
 import os
 import uuid
-from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any
 
 from .._resource import AsyncResource
 from .._shield import shielded
-from ..errors import BackendError, ClosedError, ContextLengthError
+from ..errors import BackendError, ClosedError
 from ..types import Completion, GenerationError, GenerationRequest, SamplingParams
 from ._concurrency import gather_in_order
-from ._openai_wire import message_dict
 from ._outcomes import check_context_length, request_error
 from ._parsing import OutputParsers, ParsePlan, check_parser_names, forces_tool_call
 from ._vllm_compat import (
@@ -38,25 +37,13 @@ from ._vllm_compat import (
     to_completion,
     tokens_prompt_factory,
 )
+from ._vllm_engine import EngineLike, EngineSwap, check_updatable
+from ._vllm_prompts import describe, room, templated_ids
 from ._weights import DEFAULT_UPDATE_TIMEOUT, UpdateMode, WeightSwitch, check_update, check_version
 
 __all__ = ["EngineLike", "VLLMBackend"]
 
 _log = logging.getLogger(__name__)
-
-
-class EngineLike(Protocol):
-    """The part of ``AsyncLLM`` this backend uses (``testing.fake_vllm`` implements it too)."""
-
-    def generate(
-        self, prompt: Any, sampling_params: Any, request_id: str
-    ) -> AsyncGenerator[Any, None]: ...
-
-    async def abort(self, request_id: str) -> None: ...
-
-    def get_tokenizer(self) -> Any: ...
-
-    def shutdown(self) -> None: ...
 
 
 class VLLMBackend(AsyncResource):
@@ -230,38 +217,7 @@ class VLLMBackend(AsyncResource):
         if request.prompt_token_ids is not None:
             return list(request.prompt_token_ids)
         tokenizer = await self.get_tokenizer()
-        conversation = [message_dict(m) for m in request.messages]
-        kwargs = dict(self._chat_template_kwargs)
-        if request.tools:
-            kwargs["tools"] = [dict(t) for t in request.tools]
-        try:
-            text = tokenizer.apply_chat_template(
-                conversation, tokenize=False, add_generation_prompt=True, **kwargs
-            )
-            # The template already holds the special tokens (BOS...): do not add them twice.
-            return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
-        except Exception as exc:
-            raise BackendError(
-                f"chat templating failed for {_describe(index, request)}: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
-
-    def _room(
-        self, index: int, request: GenerationRequest, prompt_ids: Sequence[int], max_tokens: int
-    ) -> int | None:
-        """``max_tokens`` clamped to what the prompt leaves of the window (None: unchanged);
-        a ``ContextLengthError`` when the prompt leaves no room."""
-        window = self._context_length
-        if window is None:
-            return None
-        if len(prompt_ids) >= window:
-            raise ContextLengthError(
-                f"{_describe(index, request)}: the prompt ({len(prompt_ids)} tokens) leaves no "
-                f"room for a completion in the maximum model length of {window} tokens "
-                "(not sent to the engine)"
-            )
-        room = window - len(prompt_ids)
-        return room if room < max_tokens else None
+        return templated_ids(tokenizer, index, request, self._chat_template_kwargs)
 
     async def _output_parsers(self) -> OutputParsers:
         """The parsers for the engine's tokenizer, built once (a failure fails the round)."""
@@ -284,7 +240,7 @@ class VLLMBackend(AsyncResource):
         """How this request's output is parsed (None: it is not)."""
         if forces_tool_call(request.tool_choice) and self._tool_call_parser is None:
             raise BackendError(
-                f"{_describe(index, request)}: tool_choice={request.tool_choice!r} needs "
+                f"{describe(index, request)}: tool_choice={request.tool_choice!r} needs "
                 "VLLMBackend(tool_call_parser=...) (vllm serve's --tool-call-parser name) "
                 "to force and parse a call"
             )
@@ -293,7 +249,7 @@ class VLLMBackend(AsyncResource):
         try:
             return self._parsers.plan(request, prompt_ids)
         except BackendError as exc:
-            raise BackendError(f"{_describe(index, request)}: {exc.message}") from exc
+            raise BackendError(f"{describe(index, request)}: {exc.message}") from exc
 
     def token_mode_error(self) -> str | None:
         """Token mode always works here: token prompts go to the engine as they are."""
@@ -320,7 +276,7 @@ class VLLMBackend(AsyncResource):
         Then split it with the parsers, if any."""
         try:
             prompt_ids = await self._prompt_token_ids(index, request)
-            max_tokens = self._room(index, request, prompt_ids, params.max_tokens)
+            max_tokens = room(self._context_length, index, request, prompt_ids, params.max_tokens)
             plan = self._plan(index, request, prompt_ids)
             sampling_params = make_sampling_params(
                 params,
@@ -343,7 +299,7 @@ class VLLMBackend(AsyncResource):
             return plan.apply(outcome)
         except Exception as exc:
             error = BackendError(
-                f"{_describe(index, request)}: vLLM's parsers failed on the output: "
+                f"{describe(index, request)}: vLLM's parsers failed on the output: "
                 f"{type(exc).__name__}: {exc}"
             )
             error.__cause__ = exc
@@ -370,7 +326,7 @@ class VLLMBackend(AsyncResource):
         except Exception as exc:
             await self._abort(request_id)
             message = (
-                f"vLLM request {request_id} ({_describe(index, request)}) failed: "
+                f"vLLM request {request_id} ({describe(index, request)}) failed: "
                 f"{type(exc).__name__}: {exc}"
             )
             if is_engine_dead(exc):
@@ -412,8 +368,8 @@ class VLLMBackend(AsyncResource):
         check_update(mode, version, owner="VLLMBackend")
         if self._closed:
             raise ClosedError("VLLMBackend")
-        _updatable(self._engine)
-        await self._weights.switch(named_tensors, version, mode, _EngineSwap(self._engine))
+        check_updatable(self._engine)
+        await self._weights.switch(named_tensors, version, mode, EngineSwap(self._engine))
 
     async def _abort(self, request_id: str) -> None:
         """Abort in the engine, shielded from cancellation and bounded by ``abort_timeout``."""
@@ -433,46 +389,3 @@ class VLLMBackend(AsyncResource):
         self._closed = True
         if self._owns_engine:
             self._engine.shutdown()
-
-
-class _EngineSwap:
-    """``SwapTarget`` over an in-process ``AsyncLLM``'s pause / reload API."""
-
-    def __init__(self, engine: Any) -> None:
-        self._engine = engine
-
-    async def pause(self, mode: UpdateMode) -> None:
-        await self._engine.pause_generation(mode=mode, clear_cache=False)
-
-    async def reload(self, directory: str) -> None:
-        await self._engine.collective_rpc("reload_weights", kwargs={"weights_path": directory})
-
-    async def reset_cache(self) -> None:
-        await self._engine.reset_prefix_cache(reset_running_requests=True)
-
-    async def label(self, version: str) -> None:
-        await self._engine.update_weight_version(version)
-
-    async def resume(self) -> None:
-        await self._engine.resume_generation()
-
-
-def _updatable(engine: Any) -> None:
-    """Refuse an engine without the pause / reload API of vLLM's ``AsyncLLM``."""
-    needed = (
-        "pause_generation",
-        "resume_generation",
-        "collective_rpc",
-        "reset_prefix_cache",
-        "update_weight_version",
-    )
-    missing = [name for name in needed if not callable(getattr(engine, name, None))]
-    if missing:
-        raise BackendError(
-            f"VLLMBackend.update_weights needs an AsyncLLM with {', '.join(needed)}; "
-            f"{type(engine).__name__} lacks {', '.join(missing)}"
-        )
-
-
-def _describe(index: int, request: GenerationRequest) -> str:
-    return f"request {index} of the round, rollout {request.rollout_index}, step {request.step}"

@@ -14,6 +14,7 @@ import typer
 from typer.main import get_command
 
 from ..errors import LlenvsError
+from ..serialization._results import ResultsError
 from ._common import CliError
 from .atif import import_atif
 from .bench import bench as bench_command
@@ -68,6 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = result if isinstance(result, int) else 0
     except CliError as exc:
         code = _fail(str(exc), exc.code)
+    except ResultsError as exc:  # a bad source flag or results record: bad input, as CliError
+        code = _fail(str(exc), 2)
     except (LlenvsError, OSError) as exc:
         code = _fail(str(exc), 1)
     except BaseExceptionGroup as group:

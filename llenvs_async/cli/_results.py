@@ -1,28 +1,34 @@
-"""Results files written by ``run``: one record per trajectory, keyed by (task, rollout)."""
+"""Results files written by ``run``: loaded for a command, and summarised as a table.
+
+The record itself (``ResultRecord``, keyed by (task, rollout)) is ``serialization._results``'s.
+"""
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
 
-from ..serialization import SerializationError, from_dict, read_jsonl
+from ..serialization import SerializationError, read_jsonl
+from ..serialization._results import (
+    ResultRecord,
+    ResultsError,
+    parse_result,
+    record_fields,
+    unique_by_key,
+)
 from ..types import Trajectory
 from ._common import CliError
-from ._sources import SourceSpec
 
 __all__ = [
     "ResultRecord",
     "load_results",
-    "parse_result",
     "print_summary",
     "record_fields",
     "summary_table",
@@ -30,25 +36,6 @@ __all__ = [
     "why_error",
     "why_zero",
 ]
-
-Key = tuple[int | str, int]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ResultRecord:
-    task: int | str
-    rollout: int
-    source: SourceSpec
-    trajectory: Trajectory
-
-    @property
-    def key(self) -> Key:
-        return (self.task, self.rollout)
-
-
-def record_fields(task: int | str, rollout: int, source: SourceSpec) -> dict[str, object]:
-    """The fields ``run`` stores next to each trajectory."""
-    return {"key": {"task": task, "rollout": rollout}, "source": source.to_json()}
 
 
 def load_results(path: Path) -> list[ResultRecord]:
@@ -60,33 +47,10 @@ def load_results(path: Path) -> list[ResultRecord]:
             parse_result(record, f"{path}: record {number}")
             for number, record in enumerate(read_jsonl(path), start=1)
         ]
+    except ResultsError as exc:
+        raise CliError(str(exc)) from None
     except SerializationError as exc:
         raise CliError(f"{path}: {exc}", code=1) from None
-
-
-def parse_result(record: Mapping[str, Any], where: str) -> ResultRecord:
-    """One results-file record; ``where`` (file and record) starts every error message."""
-    key = record.get("key")
-    if not isinstance(key, dict) or not isinstance(key.get("rollout"), int):
-        raise CliError(f"{where}: no 'key' with task and rollout (not a results file?)")
-    task = key.get("task")
-    if not isinstance(task, int | str):
-        raise CliError(f"{where}: key.task must be an int or a string, got {task!r}")
-    return ResultRecord(
-        task=task,
-        rollout=key["rollout"],
-        source=SourceSpec.from_json(record.get("source"), where),
-        trajectory=from_dict(Trajectory, record.get("trajectory") or {}),
-    )
-
-
-def unique_by_key(records: Iterable[ResultRecord]) -> list[ResultRecord]:
-    """One record per (task, rollout): the last one written wins (retries append)."""
-    latest: dict[Key, ResultRecord] = {}
-    for record in records:
-        latest.pop(record.key, None)
-        latest[record.key] = record
-    return list(latest.values())
 
 
 def summary_table(records: Sequence[ResultRecord], title: str) -> Table:

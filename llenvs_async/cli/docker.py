@@ -82,42 +82,23 @@ def build_all(force: Annotated[bool, _FORCE] = False) -> None:
 def cleanup() -> None:
     """Remove containers, snapshot images, gVisor sandboxes and checkpoints left behind by
     llenvs processes that are gone."""
-    from ..docker.engine import DockerEngine
-    from ..docker.reaper import ReapedContainer, reap_orphans
-    from ..docker.snapshots import ReapedImage, reap_orphan_snapshots
+    from ..sandbox.reaper import reap_all_orphans
 
-    async def body() -> tuple[list[ReapedContainer], list[ReapedImage]]:
-        async with DockerEngine() as engine:
-            containers = await reap_orphans(engine)  # first: a used image cannot be removed
-            return containers, await reap_orphan_snapshots(engine)
-
-    removed, images = run_async(body)
-    if not removed:
+    reaped = run_async(reap_all_orphans)
+    if not reaped.containers:
         console.print("no orphaned containers")
     else:
-        table = Table(title=f"removed {len(removed)} orphaned containers")
+        table = Table(title=f"removed {len(reaped.containers)} orphaned containers")
         for column in ("id", "name", "image", "owner", "session"):
             table.add_column(column)
-        for c in removed:
+        for c in reaped.containers:
             table.add_row(c.id[:12], c.name, c.image, c.owner, c.session)
         console.print(table)
-    if images:
-        console.print(f"removed {len(images)} orphaned snapshot image(s)")
-    _cleanup_sandboxes()
-
-
-def _cleanup_sandboxes() -> None:
-    """gVisor sandboxes and checkpoint images of gone owners (when runsc is installed)."""
-    from ..errors import GvisorUnavailableError
-    from ..sandbox.reaper import reap_orphan_sandboxes
-
-    try:
-        reaped = reap_orphan_sandboxes()
-    except GvisorUnavailableError:
-        return  # no gVisor here: nothing of ours can exist
-    sandboxes = [r for r in reaped if r.kind == "sandbox"]
-    checkpoints = sum(r.kind == "checkpoint" for r in reaped)
+    if reaped.images:
+        console.print(f"removed {len(reaped.images)} orphaned snapshot image(s)")
+    sandboxes = sum(r.kind == "sandbox" for r in reaped.sandboxes)
+    checkpoints = sum(r.kind == "checkpoint" for r in reaped.sandboxes)
     if sandboxes:
-        console.print(f"removed {len(sandboxes)} orphaned gVisor sandbox(es)")
+        console.print(f"removed {sandboxes} orphaned gVisor sandbox(es)")
     if checkpoints:
         console.print(f"removed {checkpoints} orphaned checkpoint image(s)")

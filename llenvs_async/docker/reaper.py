@@ -1,21 +1,22 @@
-"""Leak-proofing: an ``atexit`` backstop for this process's containers, and ``reap_orphans``.
+"""Leak-proofing for containers: their removal at exit (registered with the one ``atexit``
+backstop, ``llenvs_async._backstop``), and ``reap_orphans`` for dead owners'.
 
-The backstop uses a synchronous HTTP call on the engine socket, since at exit the
+The removal at exit uses a synchronous HTTP call on the engine socket, since at exit the
 event loop may be gone.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
+import functools
 import http.client
 import json
 import os
 import socket
-import sys
 import urllib.parse
 from dataclasses import dataclass
 
+from .._backstop import register_removal
 from .engine import DockerEngine
 from .ownership import (
     OWNER_LABEL,
@@ -36,7 +37,6 @@ __all__ = [
 ]
 
 _SOCKETS = ("/var/run/docker.sock", "/run/docker.sock")
-_engine_urls: set[str | None] = set()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,22 +112,10 @@ def remove_own_containers_sync(url: str | None = None, *, timeout: float = 30.0)
     return removed
 
 
-def _backstop() -> None:
-    for url in sorted(_engine_urls, key=str):
-        try:
-            removed = remove_own_containers_sync(url)
-        except (OSError, ValueError, http.client.HTTPException) as exc:
-            print(f"llenvs-async: could not remove leftover containers: {exc}", file=sys.stderr)
-            continue
-        if removed:
-            print(f"llenvs-async: removed {len(removed)} leftover container(s)", file=sys.stderr)
-
-
 def register_backstop(url: str | None) -> None:
     """Arm the ``atexit`` removal for containers created through an engine at ``url``."""
-    if not _engine_urls:
-        atexit.register(_backstop)
-    _engine_urls.add(url)
+    remove = functools.partial(remove_own_containers_sync, url)
+    register_removal("hosts", "leftover container(s)", str(url), remove)
 
 
 async def reap_orphans(

@@ -3,25 +3,24 @@
 A snapshot image carries its owner process and session under ``llenvs.snapshot.*``
 keys, not the container keys (``llenvs.owner``): a container started from the image
 must not inherit an owner by accident. ``reap_orphan_snapshots`` removes the images
-whose owner is gone; an ``atexit`` backstop removes this process's containers, then
+whose owner is gone; the one ``atexit`` backstop removes this process's containers, then
 its snapshot images, if the event loop dies before ``aclose``.
 """
 
 from __future__ import annotations
 
-import atexit
-import http.client
+import functools
 import json
-import sys
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .._backstop import register_removal
 from ..errors import ContainerError
 from .engine import DockerEngine, translate_errors
 from .ownership import OWNER_LABEL, OWNER_START_LABEL, Owner, current_owner, process_alive
-from .reaper import _request, remove_own_containers_sync
+from .reaper import _request, register_backstop
 
 __all__ = [
     "SNAPSHOT_OWNER_LABEL",
@@ -41,7 +40,6 @@ SNAPSHOT_OWNER_LABEL = "llenvs.snapshot.owner"
 SNAPSHOT_OWNER_START_LABEL = "llenvs.snapshot.owner.start"
 SNAPSHOT_SESSION_LABEL = "llenvs.snapshot.session"
 SNAPSHOT_SOURCE_LABEL = "llenvs.snapshot.source"
-_backstop_urls: set[str | None] = set()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,20 +138,8 @@ def remove_own_snapshot_images_sync(url: str | None = None, *, timeout: float = 
     return [str(item["Id"]) for item in listing]
 
 
-def _backstop() -> None:
-    for url in sorted(_backstop_urls, key=str):
-        try:
-            remove_own_containers_sync(url)
-            removed = remove_own_snapshot_images_sync(url)
-        except (OSError, ValueError, http.client.HTTPException) as exc:
-            print(f"llenvs-async: could not remove snapshot images: {exc}", file=sys.stderr)
-            continue
-        if removed:
-            print(f"llenvs-async: removed {len(removed)} snapshot image(s)", file=sys.stderr)
-
-
 def register_snapshot_backstop(url: str | None) -> None:
     """Arm the ``atexit`` removal of this process's containers, then its snapshot images."""
-    if not _backstop_urls:
-        atexit.register(_backstop)
-    _backstop_urls.add(url)
+    register_backstop(url)
+    remove = functools.partial(remove_own_snapshot_images_sync, url)
+    register_removal("images", "snapshot image(s)", str(url), remove)

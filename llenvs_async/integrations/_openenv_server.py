@@ -2,14 +2,17 @@
 
 OpenEnv's ``HTTPEnvServer`` gives every WebSocket session (``/ws``) its own OpenEnv
 ``Environment``, made by a zero-argument factory in a per-session worker thread, and calls
-its sync ``close()`` in that thread when the session ends: a ``close`` message, a client
-that vanished (``WebSocketDisconnect``), or its idle reaper. It awaits ``reset_async`` /
+its sync ``close()`` in that thread when the session ends: a ``close`` message or a client
+that vanished (``WebSocketDisconnect``); our idle reaper ends sessions through that same
+``close()``, on the loop. It awaits ``reset_async`` /
 ``step_async`` on its event loop when a class overrides them. ``_Session`` does exactly
 that: the llenvs-async instance is made (by our async factory) at the session's first
 ``reset``, on the server's loop, and ``close()`` blocks its worker thread until the
 instance's ``aclose()`` has run on that loop. The app is registered in OpenEnv's
 ``production`` mode: only ``/ws`` sessions (capped) can reach an environment; the stateless
 HTTP ``/reset`` and ``/step`` (one fresh instance per request, uncapped) are not served.
+OpenEnv's own idle reaper is off (it counts a call as activity only once it finishes, so it
+would close an environment in the middle of a long step); ``_Hub`` runs ours instead.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ import ipaddress
 import json
 import logging
 import socket
+import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
 from typing import Any
 
 from llenvs_async import Action, ClosedError, EnvError, EnvFactory, LlenvsError, State
@@ -48,8 +52,8 @@ def is_loopback(host: str) -> bool:
 
 
 class _Hub:
-    """What one app shares: the factory, the server's loop, the live sessions and the
-    closes scheduled from the loop thread (awaited at shutdown)."""
+    """What one app shares: the factory, the server's loop, the live sessions, the idle
+    reaper and the closes scheduled from the loop thread (awaited at shutdown)."""
 
     def __init__(self, env_factory: EnvFactory, idle_timeout_s: float | None) -> None:
         self.env_factory = env_factory
@@ -57,16 +61,43 @@ class _Hub:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.sessions: weakref.WeakSet[Any] = weakref.WeakSet()
         self.closing: set[asyncio.Task[None]] = set()
+        self.reaper: asyncio.Task[None] | None = None
 
     async def startup(self) -> None:
         self.loop = asyncio.get_running_loop()
+        if self.idle_timeout_s is not None:
+            self.reaper = asyncio.create_task(
+                self._reap(self.idle_timeout_s), name="llenvs-openenv-idle-reaper"
+            )
 
     async def shutdown(self) -> None:
-        """Close every instance still open (sessions end first when clients disconnect)."""
+        """Stop the reaper, then close every instance still open (sessions end first when
+        clients disconnect)."""
+        reaper, self.reaper = self.reaper, None
+        if reaper is not None:
+            reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reaper
         for session in list(self.sessions):
             await session.aclose_instance()
         if self.closing:
             await asyncio.wait(self.closing)
+
+    async def _reap(self, timeout_s: float) -> None:
+        """End each session idle (no call in flight) for ``timeout_s``, waking at the
+        earliest such deadline: a call that ends later only moves its deadline later."""
+        while True:
+            now = time.monotonic()
+            wake = now + timeout_s  # the earliest deadline a session can get from now on
+            for session in list(self.sessions):
+                deadline = session.idle_deadline(timeout_s)
+                if deadline is None:
+                    continue
+                if deadline <= now:
+                    session.end_idle(timeout_s)
+                else:
+                    wake = min(wake, deadline)
+            await asyncio.sleep(wake - now)
 
 
 @functools.cache
@@ -117,7 +148,36 @@ def _session_class() -> type[Any]:
             self._instance: Any = None
             self._state: State | None = None
             self._ended: str | None = None
-            hub.sessions.add(self)
+            self._calls = 0  # reset/step calls in flight: the session is active meanwhile
+            self._last_call_end = time.monotonic()
+            loop = hub.loop  # made in a worker thread: join the set on the loop, not mid-reap
+            if loop is None or _on_loop_thread(loop):
+                hub.sessions.add(self)
+            else:
+                loop.call_soon_threadsafe(hub.sessions.add, self)
+
+        def idle_deadline(self, timeout_s: float) -> float | None:
+            """When this session has been idle ``timeout_s`` (``time.monotonic``); ``None``
+            while a call is in flight or once it has ended."""
+            if self._calls or self._ended is not None:
+                return None
+            return self._last_call_end + timeout_s
+
+        def end_idle(self, timeout_s: float) -> None:
+            """End the session for idling, by the path every end takes (``close``)."""
+            self._ended = f"it was closed: idle for over {timeout_s:g} s"
+            self.close()
+
+        @contextlib.contextmanager
+        def _call(self) -> Iterator[None]:
+            """Mark one reset/step in flight on an open session (never reaped meanwhile)."""
+            self._check_open()
+            self._calls += 1
+            try:
+                yield
+            finally:
+                self._calls -= 1
+                self._last_call_end = time.monotonic()
 
         async def reset_async(
             self,
@@ -125,6 +185,12 @@ def _session_class() -> type[Any]:
             episode_id: str | None = None,
             task: int | str | None = None,
             **kwargs: Any,
+        ) -> Any:
+            with self._call():
+                return await self._reset(seed, task, kwargs)
+
+        async def _reset(
+            self, seed: int | None, task: int | str | None, kwargs: dict[str, Any]
         ) -> Any:
             if kwargs:
                 raise EnvError(
@@ -136,7 +202,6 @@ def _session_class() -> type[Any]:
             if task is not None and not isinstance(task, int | str):
                 raise EnvError(f"reset field 'task' must be an int or str, got {task!r}")
             if self._instance is None:
-                self._check_open()
                 self._instance = await self._hub.env_factory()
             self._state = None
             state = await self._instance.reset(task, seed=seed)
@@ -153,7 +218,10 @@ def _session_class() -> type[Any]:
             )
 
         async def step_async(self, action: Any, timeout_s: float | None = None, **_: Any) -> Any:
-            self._check_open()
+            with self._call():
+                return await self._step(action, timeout_s)
+
+        async def _step(self, action: Any, timeout_s: float | None) -> Any:
             state = self._state
             if state is None:
                 raise EnvError("step before reset: send a reset first")
@@ -202,7 +270,7 @@ def _session_class() -> type[Any]:
         def close(self) -> None:
             """Called by OpenEnv when the session ends: tear the instance down (blocking a
             worker thread; scheduled and awaited at shutdown when on the loop's thread)."""
-            self._ended = self._ended or "it was closed (client gone, idle timeout or close)"
+            self._ended = self._ended or "it was closed (its client closed it or went away)"
             loop = self._hub.loop
             if self._instance is None or loop is None:
                 return
@@ -254,9 +322,14 @@ def create_app(
     """A FastAPI app (OpenEnv's ``HTTPEnvServer`` routes, ``production`` mode) serving a
     fresh instance of ``env_factory`` per ``/ws`` session.
 
-    ``max_concurrent`` caps live sessions (one more is refused with ``CAPACITY_REACHED``);
-    ``idle_timeout_s`` ends sessions idle that long (``None``: never); ``token``, when
-    given, is required as ``Authorization: Bearer <token>`` on every request and session.
+    A session ends, closing its instance exactly once, when its client sends ``close`` or
+    goes away, when the server shuts down, or when ``idle_timeout_s`` seconds pass with no
+    reset or step in flight (measured from the end of its last call, or from its start;
+    ``None``: never). A call in flight, however long, keeps it alive. After an idle end the
+    connection stays open and every reset or step is answered with a "closed" error; its
+    slot is freed when the client leaves. ``max_concurrent`` caps connected sessions (one
+    more is refused with ``CAPACITY_REACHED``); ``token``, when given, is required as
+    ``Authorization: Bearer <token>`` on every request and session.
     """
     _require_openenv()
     if isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int):
@@ -280,7 +353,7 @@ def create_app(
         action_cls,
         observation_cls,
         concurrency_config=types.ConcurrencyConfig(
-            max_concurrent_envs=max_concurrent, session_timeout=idle_timeout_s
+            max_concurrent_envs=max_concurrent, session_timeout=None
         ),
     )
     app = fastapi.FastAPI(title="llenvs-async environments (OpenEnv)")

@@ -63,14 +63,14 @@ async def prepare_one(
             phase = "reset"
             began = _timing.clock()
             state = await env.reset(spec.task, seed=spec.seed)
-            rollout.info["restore_sec"] = _timing.seconds(_timing.clock() - began)
+            rollout.restore_sec = _timing.seconds(_timing.clock() - began)
         elif env.pure_step:
             state = spec.state
         else:
             phase = "restore"
             began = _timing.clock()
             state = with_saved_history(await _restore(env, spec.state, cfg), spec.state)
-            rollout.info["restore_sec"] = _timing.seconds(_timing.clock() - began)
+            rollout.restore_sec = _timing.seconds(_timing.clock() - began)
     except asyncio.CancelledError as exc:
         task = asyncio.current_task()
         if task is None or task.cancelling():

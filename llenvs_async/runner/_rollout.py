@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from array import array
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -18,6 +19,7 @@ from ..types import (
     Observation,
     State,
     StopReason,
+    TokenStep,
     Trajectory,
     Transition,
 )
@@ -39,7 +41,8 @@ PromptBuilder = Callable[[State, Sequence[Transition]], Sequence[ChatMessage]]
 """``(initial_state, transitions) -> messages``: replaces the default conversation.
 
 ``initial_state.history`` is the path that led to the start state (what the policy saw
-before this rollout); the current state's ``history`` is the whole path.
+before this rollout); the current state's ``history`` is the whole path. A transition's
+``info`` here is the environment's: ``generate_sec``/``step_sec`` join it in the trajectory.
 """
 
 # Errors that mean the caller's code is wrong: they propagate instead of being recorded.
@@ -142,33 +145,78 @@ class RolloutInput:
     forced_action: Action | None = None
 
 
+_STEP = 6  # entries a step keeps in ``Rollout.steps``: the fields of its Transition but tokens
+
+
 @dataclass(slots=True, eq=False)
 class Rollout:
-    """A live rollout. Messages are appended as it goes (O(steps) memory, no re-building)."""
+    """A live rollout. ``messages`` grows by a step's turns as it goes and is the request's
+    own tuple (one copy of the conversation's pointers, not a list and a tuple of them);
+    ``steps`` holds each step's Transition fields flat, ``times`` its generate and step
+    durations: the Transitions are made when the trajectory is (see ``timed``)."""
 
     spec: RolloutInput
     env: Environment | None = None
     owns_env: bool = False
     initial_state: State | None = None
     state: State | None = None
-    transitions: list[Transition] = field(default_factory=list)
-    messages: list[ChatMessage] = field(default_factory=list)
+    steps: list[Any] = field(default_factory=list)
+    step_tokens: list[TokenStep | None] | None = None  # token mode: each step's ids
+    messages: tuple[ChatMessage, ...] = ()
     pending_action: Action | None = None
     pending_completion: Completion | None = None
     steps_left: int | None = None
     error: ErrorInfo | None = None
     stop_reason: StopReason = "unfinished"
-    episode_id: str = field(default_factory=new_episode_id)
     # Token mode: the prompt the next request sends.
     prompt_ids: tuple[int, ...] | None = None
-    info: dict[str, Any] = field(default_factory=dict)
+    info: dict[str, Any] | None = None  # the trajectory's other info, made when first noted
     end_reward: float = 0.0  # a verified stop's reward when no step carries it
     creating: bool = False  # inside the factory call (teardown lets it finish first)
-    # Timing (monotonic ``_timing.clock()``): when preparation began, when the rollout last became
-    # ready to ask for an action, and how long the pending action took to generate.
+    # Timing (monotonic ``_timing.clock()``): when preparation began (and its wall-clock time,
+    # ``started_at``), when the rollout last became ready to ask for an action, and how long
+    # the pending action took to generate. Slots, not the info dict: one per rollout is live.
     began: float | None = None
+    started: float = 0.0
+    restore_sec: float | None = None  # how long the reset or restore took
     asked: float = 0.0
     generate_sec: float | None = None
+    times: array[float] = field(default_factory=lambda: array("d"))
+
+    @property
+    def length(self) -> int:
+        """How many steps were taken."""
+        return len(self.steps) // _STEP
+
+    @property
+    def transitions(self) -> tuple[Transition, ...]:
+        """The steps so far (made on each call; their info lacks the timing)."""
+        return tuple(self.step(i) for i in range(self.length))
+
+    def step(self, index: int, *, timed: bool = False) -> Transition:
+        """Step ``index`` (negative: from the end) as a Transition; ``timed``: its info
+        also holds the step's durations."""
+        i = index + self.length if index < 0 else index
+        state, action, next_state, reward, completion, info = self.steps[
+            i * _STEP : (i + 1) * _STEP
+        ]
+        return Transition(
+            state=state,
+            action=action,
+            next_state=next_state,
+            reward=reward,
+            completion=completion,
+            info=_timing.step_info(self.times, i, info) if timed else info,
+            tokens=None if self.step_tokens is None else self.step_tokens[i],
+        )
+
+    def set_last(self, t: Transition) -> None:
+        """Replace the last step with ``t``."""
+        self.steps[-_STEP:] = (t.state, t.action, t.next_state, t.reward, t.completion, t.info)
+        if t.tokens is not None and self.step_tokens is None:
+            self.step_tokens = [None] * self.length
+        if self.step_tokens is not None:
+            self.step_tokens[-1] = t.tokens
 
     @property
     def finished(self) -> bool:
@@ -178,12 +226,17 @@ class Rollout:
         """Record where the instance runs (a remote one's ``node_id``) in the trajectory's info."""
         node = getattr(env, "node_id", None)
         if node is not None:
-            self.info["node_id"] = node
+            self.note("node_id", node)
+
+    def note(self, key: str, value: Any) -> None:
+        """Set ``key`` in the trajectory's info."""
+        if self.info is None:
+            self.info = {}
+        self.info[key] = value
 
     def begin(self) -> None:
         """Preparation starts: the rollout's clock (``started_at``, ``wall_sec``) starts."""
-        self.began = _timing.clock()
-        self.info["started_at"] = _timing.utc_now()
+        self.began, self.started = _timing.clock(), _timing.time()
 
     def start(
         self,
@@ -197,9 +250,8 @@ class Rollout:
         self.pending_action = self.spec.forced_action
         self.asked = _timing.clock()
         self.steps_left = steps_left
-        if system_prompt:
-            self.messages.append(ChatMessage(role="system", content=system_prompt))
-        self.messages.extend(conversation(state, keep_reasoning))
+        system = (ChatMessage(role="system", content=system_prompt),) if system_prompt else ()
+        self.messages = (*self.messages, *system, *conversation(state, keep_reasoning))
         if self.pending_action is not None and state.done:
             # Dropping the forced action would return an empty trajectory that looks like a
             # clean Q(s, a) sample of 0 although ``a`` was never taken.
@@ -224,9 +276,9 @@ class Rollout:
     ) -> GenerationRequest:
         assert self.state is not None and self.initial_state is not None
         if builder is None:
-            messages = tuple(self.messages)
+            messages = self.messages
         else:
-            messages = tuple(builder(self.initial_state, tuple(self.transitions)))
+            messages = tuple(builder(self.initial_state, self.transitions))
         return GenerationRequest(
             messages=messages,
             prompt_token_ids=self.prompt_ids,
@@ -242,18 +294,30 @@ class Rollout:
         self,
         transition: Transition,
         *,
+        generate_sec: float | None,
+        step_sec: float,
         ended: bool,
         cut: bool,
         env_max_steps: int | None,
         keep_reasoning: bool = False,
     ) -> None:
         """Append a step; ``ended``/``cut`` are the StepResult's terminated/truncated flags.
-        The assistant turn is the action as the environment shows it."""
-        self.transitions.append(transition)
+        The assistant turn is the action as the environment shows it. The step's durations
+        go to ``times``: its info gets them when the trajectory is made (see ``timed``)."""
+        t = transition
+        self.steps += (t.state, t.action, t.next_state, t.reward, t.completion, t.info)
+        if t.tokens is not None and self.step_tokens is None:
+            self.step_tokens = [None] * (self.length - 1)
+        if self.step_tokens is not None:
+            self.step_tokens.append(t.tokens)
+        _timing.record(self.times, generate_sec, step_sec)
         self.state = transition.next_state
         observation = self.state.observation
-        self.messages.append(assistant_message(transition.action, observation, keep_reasoning))
-        self.messages.extend(observation_messages(observation))
+        self.messages = (
+            *self.messages,
+            assistant_message(transition.action, observation, keep_reasoning),
+            *observation_messages(observation),
+        )
         if self.steps_left is not None:
             self.steps_left -= 1
         self.check_stop(env_max_steps, ended=ended, cut=cut)
@@ -273,14 +337,16 @@ class Rollout:
     def conclude(self, reward: float, info: Mapping[str, Any]) -> None:
         """Fold the verdict of a stop the runner made into the last step, which now ends
         the episode (truncated); with no step, the trajectory's ``end_reward``."""
-        if not self.transitions:
+        if not self.steps:
             self.end_reward = reward
-            self.info["end_verdict"] = dict(info)
+            self.note("end_verdict", dict(info))
             return
-        last = self.transitions[-1]
+        last = self.step(-1)
         next_state = replace(last.next_state, truncated=True)
-        self.transitions[-1] = replace(
-            last, reward=last.reward + reward, info={**last.info, **info}, next_state=next_state
+        self.set_last(
+            replace(
+                last, reward=last.reward + reward, info={**last.info, **info}, next_state=next_state
+            )
         )
         self.state = next_state
 
@@ -288,21 +354,33 @@ class Rollout:
         self.error = ErrorInfo.from_exception(exc, phase=phase)
         self.stop_reason = "error"
 
+    def timed(self) -> tuple[Transition, ...]:
+        """The Transitions, each info also holding the step's ``generate_sec`` and
+        ``step_sec``: a live rollout keeps a step as its fields' pointers and two doubles,
+        not as a Transition, a mapping and two floats (a third of its memory at T=10)."""
+        return tuple(self.step(i, timed=True) for i in range(self.length))
+
     def trajectory(self) -> Trajectory:
         initial = self.initial_state
         if initial is None:  # failed before reset/restore produced a state
             initial = self.spec.state or State(
                 observation=Observation(text=""), task=self.spec.task, seed=self.spec.seed
             )
+        info: dict[str, Any] = {}
         if self.began is not None:
-            self.info["wall_sec"] = _timing.seconds(_timing.clock() - self.began)
+            info["started_at"] = _timing.utc_at(self.started)
+        if self.restore_sec is not None:
+            info["restore_sec"] = self.restore_sec
+        info.update(self.info or ())
+        if self.began is not None:
+            info["wall_sec"] = _timing.seconds(_timing.clock() - self.began)
         return Trajectory(
-            episode_id=self.episode_id,
+            episode_id=new_episode_id(),  # made at the end: a live rollout does not need it
             initial_state=initial,
-            transitions=tuple(self.transitions),
+            transitions=self.timed(),
             error=self.error,
             index=self.spec.index,
             stop_reason=self.stop_reason,
-            info=dict(self.info),
+            info=info,
             end_reward=self.end_reward,
         )

@@ -216,12 +216,12 @@ class TokenPrompts:
     async def extend(self, rollouts: Sequence[Rollout]) -> None:
         """Append each rollout's new step (action ids + observation turn) to its prompt and
         record the ``TokenStep`` on the transition and on the next state's history node."""
-        todo = [r for r in rollouts if r.transitions and r.transitions[-1].tokens is None]
+        todo = [r for r in rollouts if r.steps and r.step(-1).tokens is None]
         if not todo:
             return
         work = []
         for rollout in todo:
-            t = rollout.transitions[-1]
+            t = rollout.step(-1)
             # A forced action (no completion) is written as the environment shows it.
             observation = t.next_state.observation
             forced = None if t.completion is not None else assistant_message(t.action, observation)
@@ -290,13 +290,13 @@ def _observation_work(
 
 
 def _record(rollout: Rollout, step: TokenStep) -> None:
-    t = rollout.transitions[-1]
+    t = rollout.step(-1)
     assert rollout.prompt_ids is not None
     next_state = t.next_state
     if next_state.history.extends(t.state.history):  # share the node: O(1) per step
         assert type(next_state.actions) is ActionPath
         next_state = replace(next_state, actions=next_state.actions.with_tokens(step))
-    rollout.transitions[-1] = replace(t, next_state=next_state, tokens=step)
+    rollout.set_last(replace(t, next_state=next_state, tokens=step))
     if rollout.state is t.next_state:
         rollout.state = next_state
     rollout.prompt_ids = rollout.prompt_ids + step.action_ids + step.observation_ids

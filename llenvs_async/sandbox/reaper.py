@@ -1,5 +1,7 @@
-"""Leak-proofing for gVisor sandboxes and checkpoint images: removal without an event loop,
-an ``atexit`` backstop for this process's, and ``reap_orphan_sandboxes`` for dead owners'.
+"""Leak-proofing for gVisor sandboxes and checkpoint images: removal without an event loop
+(this process's at exit, registered with the one ``atexit`` backstop), and
+``reap_orphan_sandboxes`` for dead owners'. ``reap_all_orphans`` is the one sweep of every
+kind (containers and snapshot images too): it sits here, in the layer above ``docker/``.
 
 A sandbox's owner is in its OCI annotations (the container labels); a checkpoint image's
 in ``owner.json`` next to it. Both live under the machine's one runsc state root.
@@ -7,24 +9,30 @@ in ``owner.json`` next to it. Both live under the machine's one runsc state root
 
 from __future__ import annotations
 
-import atexit
+import asyncio
+import functools
 import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._backstop import register_removal
+from ..docker.engine import DockerEngine
 from ..docker.ownership import SESSION_LABEL, Owner, checkable, current_owner, process_alive
+from ..docker.reaper import ReapedContainer, reap_orphans
+from ..docker.snapshots import ReapedImage, reap_orphan_snapshots
+from ..errors import GvisorUnavailableError
 from .runsc import Runsc, find_runsc
 
 __all__ = [
+    "ReapedOrphans",
     "ReapedSandbox",
     "list_sandboxes",
+    "reap_all_orphans",
     "reap_orphan_sandboxes",
     "register_sandbox_backstop",
     "remove_own_sandboxes_sync",
@@ -33,7 +41,6 @@ __all__ = [
 ]
 
 _OWNER_FILE = "owner.json"
-_backstops: dict[Path, Runsc] = {}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -152,22 +159,10 @@ def _bundle_labels(bundle: Path) -> Mapping[str, str]:
     return labels if isinstance(labels, dict) else {}
 
 
-def _backstop() -> None:
-    for runsc in _backstops.values():
-        try:
-            removed = remove_own_sandboxes_sync(runsc)
-        except (OSError, ValueError, subprocess.SubprocessError) as exc:
-            print(f"llenvs-async: could not remove leftover sandboxes: {exc}", file=sys.stderr)
-            continue
-        if removed:
-            print(f"llenvs-async: removed {len(removed)} leftover sandbox(es)", file=sys.stderr)
-
-
 def register_sandbox_backstop(runsc: Runsc) -> None:
     """Arm the ``atexit`` removal of this process's sandboxes under ``runsc.root``."""
-    if not _backstops:
-        atexit.register(_backstop)
-    _backstops.setdefault(runsc.root, runsc)
+    remove = functools.partial(remove_own_sandboxes_sync, runsc)
+    register_removal("hosts", "leftover sandbox(es)", str(runsc.root), remove)
 
 
 def _orphaned(labels: Mapping[str, str], force: bool) -> bool:
@@ -184,3 +179,34 @@ def reap_orphan_sandboxes(
     (same rule as ``reap_orphans`` for containers; ``force``: also owners this process
     cannot check)."""
     return _remove_where(runsc or find_runsc(), lambda labels: _orphaned(labels, force))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReapedOrphans:
+    """What ``reap_all_orphans`` removed, by kind."""
+
+    containers: tuple[ReapedContainer, ...]
+    images: tuple[ReapedImage, ...]
+    sandboxes: tuple[ReapedSandbox, ...]
+
+
+async def reap_all_orphans(
+    engine: DockerEngine | None = None, *, force: bool = False
+) -> ReapedOrphans:
+    """Remove every leftover of owners provably gone: containers (first: an image a container
+    uses cannot be removed), snapshot images, then gVisor sandboxes, checkpoint images and
+    bundles (none to look for where gVisor is unavailable). ``force`` as ``reap_orphans``."""
+    if engine is None:
+        async with DockerEngine() as own:
+            return await reap_all_orphans(own, force=force)
+    containers = await reap_orphans(engine, force=force)
+    images = await reap_orphan_snapshots(engine)
+    try:
+        runsc = find_runsc()
+    except GvisorUnavailableError:
+        sandboxes: list[ReapedSandbox] = []
+    else:
+        sandboxes = await asyncio.to_thread(reap_orphan_sandboxes, runsc, force=force)
+    return ReapedOrphans(
+        containers=tuple(containers), images=tuple(images), sandboxes=tuple(sandboxes)
+    )

@@ -17,10 +17,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..cli._common import CliError
-from ..cli._results import ResultRecord, parse_result, unique_by_key
 from ..errors import LlenvsError
 from ..serialization import SerializationError, iter_jsonl
+from ..serialization._results import (
+    ResultRecord,
+    ResultsError,
+    SourceSpec,
+    parse_result,
+    unique_by_key,
+)
 from ..types import Trajectory
 
 __all__ = ["ViewerInputError", "load_files", "trajectory_detail"]
@@ -115,7 +120,6 @@ def _is_atif(path: Path) -> bool:
 def _read_atif(path: Path) -> list[tuple[ResultRecord, str | None]]:
     """ATIF trajectories as run records: the task they name, else their trial's directory
     (``<trial>/agent/trajectory.json``) or file name; rollouts numbered per task."""
-    from ..cli._source_types import SourceSpec
     from ..serialization._atif import AtifError, find_atif_files, from_atif, read_atif
 
     out: list[tuple[ResultRecord, str | None]] = []
@@ -162,7 +166,7 @@ def _read_results(path: Path) -> list[tuple[ResultRecord, str | None]]:
                 out.append((parse_result(record, where), estimate))
             except SerializationError as exc:
                 raise ViewerInputError(f"{where}: {exc}", path=str(path), line=number) from None
-    except CliError as exc:
+    except ResultsError as exc:
         raise ViewerInputError(str(exc), path=str(path), line=number) from None
     except SerializationError as exc:
         if _is_one_json_object(path):

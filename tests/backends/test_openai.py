@@ -229,7 +229,7 @@ async def test_429_honours_retry_after() -> None:
 
     fault = Fault.http_error(429, headers={"Retry-After": "7"})
     async with serve_openai_compatible(faults=[fault]) as server, backend(server.base_url) as llm:
-        llm._sleep = record_sleep
+        llm._http.sleep = record_sleep
         [completion] = await llm.generate([request("x")], PARAMS)
     assert delays == [7.0]
     assert len(server.requests) == 2
@@ -246,7 +246,7 @@ async def test_backoff_grows_exponentially_with_jitter() -> None:
         serve_openai_compatible(faults=[Fault.http_error(502, times=3)]) as server,
         backend(server.base_url, backoff=1.0) as llm,
     ):
-        llm._sleep = record_sleep
+        llm._http.sleep = record_sleep
         await llm.generate([request("x")], PARAMS)
     assert len(delays) == 3
     for attempt, delay in enumerate(delays):

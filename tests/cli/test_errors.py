@@ -61,9 +61,9 @@ def _one_line_error(err: str) -> str:
         (["nosuchcommand"], "nosuchcommand"),
     ],
 )
-def test_bad_input_is_one_line_and_nonzero(cli: Invoke, args: list[str], fragment: str) -> None:
+def test_bad_input_is_one_line_and_exits_2(cli: Invoke, args: list[str], fragment: str) -> None:
     res = cli(*args)
-    assert res.code != 0
+    assert res.code == 2  # bad input: the usage-error code, whichever layer found it
     assert fragment in _one_line_error(res.err)
 
 

@@ -4,6 +4,8 @@ backend makes every duration exact."""
 
 from __future__ import annotations
 
+import copy
+import pickle
 import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -178,3 +180,15 @@ async def test_started_at_is_utc_milliseconds_and_timing_survives_jsonl(tmp_path
     assert dict(back.info) == dict(traj.info)
     assert [dict(t.info) for t in back.transitions] == [dict(t.info) for t in traj.transitions]
     assert set(back.transitions[0].info) == {"generate_sec", "step_sec"}
+
+
+async def test_step_info_reads_as_a_dict_and_copies_as_one(clock: Clock) -> None:
+    [traj] = await _runner(clock, {"x": 1}).run_batch([0])
+    info = traj.transitions[0].info
+    expected = {"generate_sec": GENERATE, "step_sec": STEP, "x": 1}
+    assert info == expected and len(info) == 3 and list(info) == list(expected)
+    assert info.get("missing") is None and "step_sec" in info
+    for back in (pickle.loads(pickle.dumps(info)), copy.deepcopy(info)):
+        assert type(back) is dict and back == expected
+    with pytest.raises(TypeError):
+        info["x"] = 2  # type: ignore[index]

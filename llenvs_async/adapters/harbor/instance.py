@@ -89,8 +89,11 @@ async def start_instance(
     checkpoint: SandboxCheckpoint | None = None,
 ) -> Instance:
     """Start ``task``'s box from ``image`` (else the task image; from ``checkpoint``: restore
-    that gVisor sandbox), with its shell and sidecars."""
+    that gVisor sandbox), with its shell and sidecars. Only the task image comes from the
+    warm pool: a snapshot image is one state's, so spares of it would only wait, and
+    would pin the image past the snapshot's removal."""
     env_cfg = task.config.environment
+    from_snapshot = image is not None
     if env_cfg.gpus:
         raise EnvError(f"task {task.name!r} needs {env_cfg.gpus} GPU(s); none offered")
     if checkpoint is None:
@@ -119,7 +122,7 @@ async def start_instance(
     if checkpoint is not None or runtime.container_runtime == "gvisor":
         _check_gvisor_task(task, keep_artifacts=runtime.artifacts_dir is not None)
         container, shell = await _start_sandbox(engine, spec, checkpoint, network=network)
-    elif runtime.pool is not None:  # started, shell open: no create on this path
+    elif runtime.pool is not None and not from_snapshot:  # started, shell open: no create
         warm = await runtime.pool.take(spec)
         container, shell = warm.container, warm.shell
     else:

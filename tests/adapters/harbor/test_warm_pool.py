@@ -7,9 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from llenvs_async import ScriptedBackend, TrajectoryRunner
-from llenvs_async.adapters.harbor import HarborAdapter, HarborEnvironment, harbor_restore
+from llenvs_async import Action, ScriptedBackend, TrajectoryRunner
+from llenvs_async.adapters.harbor import (
+    HarborAdapter,
+    HarborEnvironment,
+    SnapshotRestore,
+    harbor_restore,
+)
 from llenvs_async.docker.engine import DockerEngine
+from llenvs_async.docker.fork import SNAPSHOT_REPO
 from llenvs_async.docker.pool import POOL_LABEL
 from llenvs_async.policies import fenced
 
@@ -68,4 +74,34 @@ async def test_a_cancelled_run_with_a_warm_pool_leaves_no_container(
             with pytest.raises(asyncio.CancelledError):
                 await task
         assert runner.stats.live_instances == 0
+    assert await harbor_containers(docker_engine) == []
+
+
+async def test_forks_from_a_snapshot_neither_take_nor_refill_the_warm_pool(
+    tmp_path: Path, docker_engine: DockerEngine
+) -> None:
+    # A snapshot image is one state's: warm spares of it would only wait, and would pin the
+    # image, so the restore's close failed with "image is being used by running container".
+    async with HarborAdapter(cache_dir=tmp_path, warm_pool=2) as adapter:
+
+        async def factory() -> HarborEnvironment:
+            return await adapter.get_environment(EXAMPLES, max_steps=10)
+
+        async with await factory() as env:
+            state = await env.reset(TASK)
+            state = (await env.step(state, Action(text=fenced("echo a > /app/a")))).next_state
+        restore = SnapshotRestore()
+        for _ in range(3):  # the first replays and commits, the next two fork from the image
+            async with await factory() as fresh:
+                restored = await restore(fresh, state)
+                assert restored.actions == state.actions
+                assert "a" in await fresh.probe("cat /app/a")
+        assert restore.stats.snapshots == 1 and restore.stats.forks == 2
+        assert adapter.pool is not None
+        await adapter.pool.settle()
+        pooled = await docker_engine.list_containers({POOL_LABEL: "warm"})
+        assert len(restore.images) == 1 and restore.images[0].startswith(SNAPSHOT_REPO)
+        assert pooled and not [c for c in pooled if c["Image"].startswith(SNAPSHOT_REPO)]
+        await restore.aclose()  # nothing pins a snapshot image: its removal succeeds
+        assert restore.images == ()
     assert await harbor_containers(docker_engine) == []

@@ -1,0 +1,194 @@
+"""GRPO vs Monte Carlo (VinePPO-style) advantages on the relay container tasks: one command.
+
+Runs ``examples/train_agent_rl.py``'s loop for every (seed, estimator), evaluating held-out
+success every ``--eval-every`` steps, and writes ``benchmarks/results/agent_rl.md`` (a
+table: held-out success before/after with a 95% t-interval over seeds, rollouts and wall
+time, first step at >= 0.7) and ``agent_rl.png`` (held-out success vs optimizer steps, vs
+rollouts consumed and vs wall time; mean over seeds with the interval as a band).
+
+``--restore`` instead measures what V(s) costs per restore on these tasks: bringing a fresh
+environment to a saved mid-episode state by replay (reset + re-run the actions), by snapshot
+fork (``SnapshotRestore``: replay once, commit, start later copies from the snapshot) and by
+gVisor fork (``SnapshotRestore(processes=True)`` under ``runtime="gvisor"``).
+
+    python benchmarks/bench_agent_rl.py [--seeds 3] [--steps 30] [--quick]
+    python benchmarks/bench_agent_rl.py --restore [--repeats 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+RESULTS = Path(__file__).resolve().parent / "results"
+TARGET = 0.7
+# two-sided 95% Student t quantiles by degrees of freedom (n - 1)
+_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def interval(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95% t-interval (0 for a single value)."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, 0.0
+    t = _T95.get(len(values) - 1, 1.96)
+    return mean, t * statistics.stdev(values) / len(values) ** 0.5
+
+
+def table(results: Sequence[Any], estimators: Sequence[str]) -> str:
+    """The markdown table, one row per estimator (means over seeds)."""
+    rows = [
+        "| estimator | seeds | held-out before | held-out after | rollouts | wall s | "
+        f"steps to {TARGET} |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for est in estimators:
+        runs = [r for r in results if r.estimator == est]
+        before, b_hw = interval([r.before for r in runs])
+        after, a_hw = interval([r.after for r in runs])
+        rollouts = statistics.fmean(r.curve[-1][1] for r in runs)
+        seconds = statistics.fmean(r.curve[-1][2] for r in runs)
+        hits = [next((c[0] for c in r.curve if c[3] >= TARGET), None) for r in runs]
+        reached = ", ".join("-" if h is None else str(h) for h in hits)
+        rows.append(
+            f"| {est} | {len(runs)} | {before:.2f} ± {b_hw:.2f} | {after:.2f} ± {a_hw:.2f} | "
+            f"{rollouts:.0f} | {seconds:.0f} | {reached} |"
+        )
+    return "\n".join(rows)
+
+
+def plot(results: Sequence[Any], estimators: Sequence[str], out: Path) -> None:
+    """Held-out success vs steps, rollouts and wall time (mean over seeds, 95% band)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4), sharey=True)
+    for est in estimators:
+        runs = [r for r in results if r.estimator == est]
+        points = len(min((r.curve for r in runs), key=len))
+        stats = [interval([r.curve[i][3] for r in runs]) for i in range(points)]
+        mean = [m for m, _ in stats]
+        lo = [m - h for m, h in stats]
+        hi = [m + h for m, h in stats]
+        for ax, col in zip(axes, (0, 1, 2), strict=True):
+            xs = [statistics.fmean(r.curve[i][col] for r in runs) for i in range(points)]
+            ax.plot(xs, mean, marker="o", label=est)
+            ax.fill_between(xs, lo, hi, alpha=0.2)
+    for ax, label in zip(axes, ("optimizer steps", "rollouts consumed", "wall s"), strict=True):
+        ax.set_xlabel(label)
+        ax.axhline(TARGET, color="grey", linestyle=":")
+    axes[0].set_ylabel("held-out success")
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+async def restore_costs(repeats: int) -> dict[str, dict[int, float]]:
+    """Mean seconds per restore of a state after 1, 2 and 3 actions, ``repeats`` restores of
+    each (as ``estimate_values`` does): by replay, by snapshot fork (runc: replay once,
+    commit, start later copies from the image) and by gVisor fork (checkpoint the sandbox
+    once, restore later copies with memory and processes)."""
+    sys.path.insert(0, str(EXAMPLES))
+    from agent_tasks import COMMANDS, build_tasks
+
+    from llenvs_async import Action
+    from llenvs_async.adapters.harbor import HarborAdapter, SnapshotRestore
+    from llenvs_async.env import replay_restore
+
+    def bash(command: str) -> Action:
+        call = {"name": "bash", "arguments": json.dumps({"command": command})}
+        return Action(text="", tool_calls=({"id": "c", "type": "function", "function": call},))
+
+    ways: list[tuple[str, str, Any]] = [
+        ("replay", "runc", lambda: replay_restore),
+        ("snapshot fork", "runc", SnapshotRestore),
+        ("gVisor fork", "gvisor", lambda: SnapshotRestore(processes=True)),
+    ]
+    costs: dict[str, dict[int, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="relay-tasks-") as root:
+        train_dir, _ = build_tasks(root)
+        for name, runtime, make in ways:
+            restore = make()
+            costs[name] = {}
+            async with HarborAdapter(
+                action_format="tools", warm_pool=0, runtime=runtime
+            ) as adapter:
+                for depth in (1, 2, 3):
+                    source = await adapter.get_environment(train_dir, max_steps=4)
+                    async with source:
+                        state = await source.reset(depth)  # a different task per depth
+                        for command in COMMANDS[:depth]:
+                            state = (await source.step(state, bash(command))).next_state
+                    seconds = []
+                    for _ in range(repeats):
+                        env = await adapter.get_environment(train_dir, max_steps=4)
+                        async with env:
+                            t0 = time.monotonic()
+                            await restore(env, state)
+                            seconds.append(time.monotonic() - t0)
+                    costs[name][depth] = statistics.fmean(seconds)
+                if hasattr(restore, "aclose"):
+                    await restore.aclose()
+    return costs
+
+
+async def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="the example's short config")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--restore", action="store_true", help="measure restore costs only")
+    parser.add_argument("--repeats", type=int, default=4)
+    args = parser.parse_args(argv)
+    if args.restore:
+        rows = ["| restore | after 1 action | after 2 | after 3 |", "|---|---|---|---|"]
+        for name, by_depth in (await restore_costs(args.repeats)).items():
+            line = ", ".join(f"after {d} actions {s:.2f}s" for d, s in by_depth.items())
+            print(f"restore by {name}: {line} (mean of {args.repeats})")
+            rows.append(f"| {name} | " + " | ".join(f"{s:.2f} s" for s in by_depth.values()) + " |")
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "agent_rl_restore.md").write_text(
+            "# Restoring a relay task's mid-episode state (seconds per restore)\n\n"
+            f"Mean of {args.repeats} restores per state, into a fresh container (no warm pool).\n\n"
+            + "\n".join(rows)
+            + "\n"
+        )
+        return
+    sys.path.insert(0, str(EXAMPLES))
+    import train_agent_rl as loop
+
+    cfg = loop.Config.quick() if args.quick else loop.Config()
+    if args.steps is not None:
+        cfg.steps = args.steps
+    cfg.eval_every = args.eval_every
+    estimators = ("grpo", "vine")
+    results = await loop.run_all(estimators, list(range(args.seeds)), cfg)
+    args.out.mkdir(parents=True, exist_ok=True)
+    plot(results, estimators, args.out / "agent_rl.png")
+    text = (
+        "# Agentic RL on the relay container tasks: GRPO vs Monte Carlo advantages\n\n"
+        f"{args.seeds} seeds x {cfg.steps} steps, {cfg.group_size * cfg.groups_per_step} "
+        f"episodes per step, {cfg.value_rollouts} value rollouts per live state (vine), "
+        f"{cfg.eval_per_task * 4} held-out episodes per evaluation; ± is a 95% t-interval "
+        "over seeds.\n\n" + table(results, estimators) + "\n\n![held-out success](agent_rl.png)\n"
+    )
+    (args.out / "agent_rl.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

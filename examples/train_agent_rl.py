@@ -1,0 +1,531 @@
+"""Agentic RL in containers: the tiny model learns the relay tasks, GRPO vs Monte Carlo values.
+
+The ~1M-parameter random Llama of ``llenvs_async.testing.tiny_model`` (Qwen3-style template
+and tool-call tokens) is trained with torch on CPU and served by the in-process vLLM CPU
+engine with the hermes tool-call parser. Episodes are the Harbor "relay" tasks of
+``agent_tasks.py``, run in real containers (persistent shell, warm pool) with
+``action_format="tools"``: every action is a ``bash`` tool call. Rollouts come from
+``runner.stream`` with a staleness bound; weights are pushed in flight (``mode="keep"``).
+
+Warm-up (before RL): supervised steps on the tool-call FORMAT only. Each prompt is a relay
+prompt of the train split (the instruction, and a listing with random files); each label is
+a ``bash`` call of a command drawn uniformly from the three listed, independent of the
+prompt: it never sees which command is right (success after it is measured, not assumed).
+
+The policy sees, at every step, the instruction and the last tool result (the task is
+Markov in it): a prompt builder, so a rollout from a restored state sees what the original
+one saw. Advantages (``--estimator grpo|vine|both``):
+
+- ``grpo``: A = (R - mean R) / (std R + 1e-4) within a group of one task, on every step.
+- ``vine``: A_t = r_t + V(s_{t+1}) - V(s_t) (V of a finished state: 0), V of every distinct
+  live state a Monte Carlo estimate (``estimate_values``) under the current policy, from the
+  saved container state restored by snapshot fork (``SnapshotRestore``).
+
+    python examples/train_agent_rl.py [--estimator both] [--steps N] [--seed S] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import itertools
+import json
+import math
+import random
+import re
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling examples, as modules
+
+import train_tiny_rl as tiny
+from _agent_rl_logprobs import shared_prefix_logprobs
+from agent_tasks import COMMANDS, HELDOUT_NAMES, MAX_ACTIONS, TRAIN_NAMES, build_tasks
+
+from llenvs_async import SamplingParams, State, Trajectory, TrajectoryRunner
+from llenvs_async.adapters.harbor import HarborAdapter, SnapshotRestore
+from llenvs_async.docker.engine import DockerEngine
+from llenvs_async.estimation import estimate_values
+from llenvs_async.types import ChatMessage, Transition
+
+
+@dataclass
+class Config:
+    """Knobs of one training run (defaults: the full run; ``quick()``: the test suite's)."""
+
+    steps: int = 30
+    groups_per_step: int = 4
+    group_size: int = 4
+    max_staleness: int = 1
+    lr: float = 3e-4
+    lr_ramp: int = 5  # RL steps over which the learning rate ramps up linearly
+    kl: float = 0.05  # weight of the KL penalty to the warmed-up policy (k3 estimator)
+    clip: float = 0.2
+    ppo_epochs: int = 1  # optimizer steps per batch (4 broke the format within 9 steps)
+    warmup_steps: int = 160
+    warmup_lr: float = 3e-3
+    value_rollouts: int = 4  # Monte Carlo rollouts per distinct live state (vine)
+    eval_per_task: int = 8  # held-out episodes per held-out task, per evaluation
+    eval_every: int = 0  # also evaluate every N steps (0: before and after only)
+    warm_pool: int = 2
+    seed: int = 0
+
+    @classmethod
+    def quick(cls) -> Config:
+        """The test suite's: the whole loop, both estimators, in about two minutes."""
+        return cls(steps=2, warmup_steps=30, value_rollouts=2, eval_per_task=2)
+
+
+@dataclass
+class StepLog:
+    step: int
+    success: float  # of the batch's episodes
+    staleness: int
+    versions: tuple[int, ...]
+    failed: int
+    format_errors: float  # share of the batch's actions that were not a valid tool call
+    removed_first: float  # share of the batch's episodes that began with the irrecoverable rm
+    rollouts: int  # so far, value estimation included
+    seconds: float  # since RL started
+    heldout: float | None = None
+
+
+@dataclass
+class RunResult:
+    estimator: str
+    seed: int
+    before: float
+    after: float = math.nan
+    steps: list[StepLog] = field(default_factory=list)
+    # (optimizer step, rollouts, wall seconds, held-out success) at every evaluation
+    curve: list[tuple[int, int, float, float]] = field(default_factory=list)
+
+
+_FILE = re.compile(r"^\S+\.(src|tmp|out)$")
+
+
+def listing(text: str) -> str | None:
+    """The files a ``bash`` result listed, one per line ("(none)" for none); None for a
+    reply that ran nothing (a format error)."""
+    if not text.startswith("[bash:"):
+        return None
+    files = [line for line in text.splitlines()[1:] if _FILE.match(line)]
+    return "\n".join(files) or "(none)"
+
+
+def markov_prompt(initial: State, transitions: Sequence[Transition]) -> list[ChatMessage]:
+    """The goal and the commands, then the files as the last listing showed them: the
+    task's whole state, always at the prompt's end (a tiny model finds it there)."""
+    state = transitions[-1].next_state if transitions else initial
+    first = state.history.initial
+    # the task's own instruction, without the environment's generic footer (short prompts)
+    text = first.text if first is not None else state.observation.text
+    head, _, files = text.split("\n\n")[0].partition("Files now:\n")
+    for step in reversed(state.history):
+        shown = None if step.observation is None else listing(step.observation.text)
+        if shown is not None:
+            files = shown
+            break
+    return [ChatMessage(role="user", content=f"{head}Files now:\n{files.strip()}")]
+
+
+FORMAT_ADVANTAGE = -1.0
+
+# The one tool the policy is shown, in few tokens (the environment still offers submit).
+BASH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+    },
+}
+
+
+def tool_call_text(command: str) -> str:
+    """A ``bash`` call as the tiny model's template renders it (hermes format)."""
+    args = json.dumps({"command": command})
+    return f'<tool_call>\n{{"name": "bash", "arguments": {args}}}\n</tool_call>'
+
+
+class AgentPolicy(tiny.Policy):
+    """The trainer's model; the warm-up teaches the tool-call format of the listed commands."""
+
+    def __init__(self, model_dir: str, cfg: Any, tools: Sequence[Any]) -> None:
+        super().__init__(model_dir, cfg)
+        self.tools = list(tools)
+        self.reference: Any = None  # a frozen copy of the policy RL starts from
+        self.rl_steps = 0
+
+    def prompt_ids(self, observation: str) -> list[int]:
+        text = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": observation}],
+            tools=self.tools,
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        return [int(t) for t in self.tokenizer.encode(text, add_special_tokens=False)]
+
+    def logprobs(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[Any]:
+        """As the base class's, running the prompts' shared system block once."""
+        return shared_prefix_logprobs(self.model, pairs)
+
+    def train(self, samples: Sequence[tuple[Transition, float]]) -> float:
+        """``ppo_epochs`` PPO-clip steps on one batch (token mean) with GRPO's KL penalty to
+        the warmed-up policy; the learning rate ramps up over ``lr_ramp`` batches and the
+        gradient norm is clipped at 1: without them one Adam step (sign-like while its
+        moments are fresh) breaks the format."""
+        import torch
+
+        if self.reference is None:
+            self.reference = copy.deepcopy(self.model).requires_grad_(False)
+        pairs, old, advantages = tiny.ppo_batch(samples)
+        with torch.no_grad():
+            ref = shared_prefix_logprobs(self.reference, pairs)
+        self.rl_steps += 1
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.cfg.lr * min(1.0, self.rl_steps / self.cfg.lr_ramp)
+        loss = math.nan
+        for _ in range(self.cfg.ppo_epochs):
+            terms = []
+            for lp, lp_old, lp_ref, a in zip(
+                self.logprobs(pairs), old, ref, advantages, strict=True
+            ):
+                ratio = torch.exp(lp - lp_old)
+                clipped = ratio.clamp(1 - self.cfg.clip, 1 + self.cfg.clip)
+                gap = lp_ref - lp
+                kl = torch.exp(gap) - gap - 1  # k3: unbiased, >= 0
+                terms.append(torch.minimum(ratio * a, clipped * a) - self.cfg.kl * kl)
+            total = -torch.cat(terms).mean()
+            self.optimizer.zero_grad()
+            total.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            self.optimizer.step()
+            loss = float(total.detach())
+        return loss
+
+    def warm_up(self, observations: Sequence[str]) -> float:
+        """Supervised steps: random relay prompts, labels uniform over the listed commands."""
+        import torch
+
+        rng = random.Random(self.cfg.seed)
+        eos = [int(self.tokenizer.eos_token_id)]
+        labels = [self.tokenizer.encode(tool_call_text(c), add_special_tokens=False) + eos
+                  for c in COMMANDS]  # fmt: skip
+        prompts = [self.prompt_ids(o) for o in observations]
+        optimizer = torch.optim.Adam(self.model.parameters(), lr=self.cfg.warmup_lr)
+        loss = math.nan
+        for _ in range(self.cfg.warmup_steps):
+            batch = labels * 6  # the same number of each command: no bias to any
+            rng.shuffle(batch)
+            pairs = [(rng.choice(prompts), label) for label in batch]
+            logprobs = self.logprobs(pairs)
+            total = -sum(lp.sum() for lp in logprobs) / sum(lp.numel() for lp in logprobs)
+            loss = tiny._step(optimizer, total)
+        return loss
+
+
+def warmup_observations(instructions: Sequence[str], seed: int) -> list[str]:
+    """Prompts shaped like the policy's: a train task's goal and commands, then a random
+    listing: nothing in them says which command is right."""
+    rng = random.Random(seed)
+    prompts = []
+    for instruction in instructions:
+        head = instruction.partition("Files now:\n")[0]
+        name = head.split(".", 1)[0].removeprefix("F=")
+        for _ in range(8):
+            files = [f"{name}.{ext}" for ext in ("out", "src", "tmp") if rng.random() < 0.5]
+            prompts.append(f"{head}Files now:\n" + ("\n".join(files) or "(none)"))
+    return prompts
+
+
+def grpo_advantages(group: Sequence[Trajectory]) -> list[tuple[Transition, float]]:
+    """A = (R - mean R) / (std R + 1e-4) over one group, on every generated step."""
+    returns = [t.total_reward for t in group]
+    mean, std = statistics.fmean(returns), statistics.pstdev(returns)
+    return [
+        (tr, (r - mean) / (std + 1e-4))
+        for t, r in zip(group, returns, strict=True)
+        for tr in t.transitions
+        if tr.completion is not None
+    ]
+
+
+def state_key(state: State) -> tuple[Any, int, str]:
+    """States the policy cannot tell apart (same task, step and last result) share a value."""
+    return state.task, state.step, state.observation.text
+
+
+def vine_samples(
+    batch: Sequence[Trajectory], value: dict[tuple[Any, int, str], float]
+) -> list[tuple[Transition, float]]:
+    """A_t = r_t + V(s_{t+1}) - V(s_t) on every generated step (V of a done state: 0)."""
+
+    def v(s: State) -> float:
+        return 0.0 if s.done else value[state_key(s)]
+
+    return [
+        (tr, tr.reward + v(tr.next_state) - v(tr.state))
+        for t in batch
+        for tr in t.transitions
+        if tr.completion is not None
+    ]
+
+
+def live_states(batch: Sequence[Trajectory]) -> dict[tuple[Any, int, str], State]:
+    """One representative of every distinct not-done state the batch went through."""
+    live: dict[tuple[Any, int, str], State] = {}
+    for t in batch:
+        for tr in t.transitions:
+            for s in (tr.state, tr.next_state):
+                if not s.done:
+                    live.setdefault(state_key(s), s)
+    return live
+
+
+async def vine_advantages(
+    runner: TrajectoryRunner, batch: Sequence[Trajectory], rollouts: int
+) -> tuple[list[tuple[Transition, float]], int]:
+    """Per-step Monte Carlo advantages; returns the samples and the value rollouts spent."""
+    live = live_states(batch)
+    estimates = await estimate_values(runner, list(live.values()), num_rollouts=rollouts)
+    value = {k: e.mean for k, e in zip(live, estimates, strict=True)}
+    return vine_samples(batch, value), len(live) * rollouts
+
+
+def whiten(samples: Sequence[tuple[Transition, float]]) -> list[tuple[Transition, float]]:
+    """Advantages divided by their standard deviation over the batch (PPO's usual
+    normalisation): TD errors of a 0/1 reward are ~0.2, GRPO's normalised ones ~1."""
+    std = statistics.pstdev(a for _, a in samples) if len(samples) > 1 else 0.0
+    return [(tr, a / (std + 1e-4)) for tr, a in samples]
+
+
+def penalise_format_errors(
+    samples: Sequence[tuple[Transition, float]],
+) -> list[tuple[Transition, float]]:
+    """A step whose reply was not a valid call gets advantage ``FORMAT_ADVANTAGE`` under both
+    estimators: it always wastes an action, and under GRPO a wasted step of a successful
+    episode would otherwise be reinforced (that drove the policy into malformed calls)."""
+    return [
+        (tr, FORMAT_ADVANTAGE if tr.info.get("parse_error") is not None else a) for tr, a in samples
+    ]
+
+
+def command_of(transition: Transition) -> str | None:
+    """The command a step's ``bash`` call ran (None for a format error)."""
+    calls = transition.action.tool_calls
+    if transition.info.get("parse_error") is not None or not calls:
+        return None
+    arguments = calls[0].get("function", {}).get("arguments", {})
+    if isinstance(arguments, str):
+        arguments = json.loads(arguments)
+    command = arguments.get("command")
+    return command if isinstance(command, str) else None
+
+
+def removed_first(batch: Sequence[Trajectory]) -> float:
+    """Share of episodes whose first command removed the original (irrecoverable)."""
+    firsts = [command_of(t.transitions[0]) if t.transitions else None for t in batch]
+    return sum(c is not None and c.startswith("rm ") for c in firsts) / max(len(batch), 1)
+
+
+def format_error_rate(batch: Sequence[Trajectory]) -> float:
+    steps = [tr for t in batch for tr in t.transitions if tr.completion is not None]
+    return sum(tr.info.get("parse_error") is not None for tr in steps) / max(len(steps), 1)
+
+
+def engine_backend(model_dir: str) -> Any:
+    from llenvs_async.backends.vllm import VLLMBackend
+
+    return VLLMBackend.from_engine_args(
+        model_dir,
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=1024,
+        max_logprobs=1,
+        seed=0,
+        tool_call_parser="hermes",
+    )
+
+
+@asynccontextmanager
+async def relay_runners(
+    adapter: HarborAdapter, train_dir: Path, heldout_dir: Path, backend: Any
+) -> AsyncIterator[tuple[TrajectoryRunner, TrajectoryRunner]]:
+    """A train runner (one container per rollout; restores by snapshot fork) and a held-out
+    runner; both closed (snapshots removed) on exit."""
+    params = SamplingParams(max_tokens=64, temperature=1.0, logprobs=0)
+
+    async def train_env() -> Any:
+        return await adapter.get_environment(train_dir, max_steps=MAX_ACTIONS)
+
+    async def heldout_env() -> Any:
+        return await adapter.get_environment(heldout_dir, max_steps=MAX_ACTIONS)
+
+    train_runner = TrajectoryRunner(
+        await train_env(), backend, params, env_factory=train_env,
+        restore_fn=SnapshotRestore(), prompt_builder=markov_prompt, tools=[BASH_TOOL],
+    )  # fmt: skip
+    eval_runner = TrajectoryRunner(
+        await heldout_env(), backend, params, env_factory=heldout_env,
+        prompt_builder=markov_prompt, tools=[BASH_TOOL],
+    )  # fmt: skip
+    async with train_runner, eval_runner, train_runner.environment, eval_runner.environment:
+        yield train_runner, eval_runner
+
+
+async def heldout_success(runner: TrajectoryRunner, per_task: int) -> float:
+    tasks = [i for i in range(len(HELDOUT_NAMES)) for _ in range(per_task)]
+    batch = await runner.run_batch(tasks)
+    return sum(t.success for t in batch) / len(batch)
+
+
+async def train(
+    estimator: str,
+    cfg: Config,
+    backend: Any,
+    model_dir: str,
+    runners: tuple[TrajectoryRunner, TrajectoryRunner],
+    instructions: Sequence[str],
+    *,
+    verbose: bool = True,
+) -> RunResult:
+    """Warm up, measure held-out success, run ``cfg.steps`` RL steps, measure again."""
+    import torch
+
+    torch.set_num_threads(1)  # vLLM's engine core holds the other core
+    train_runner, eval_runner = runners
+    policy = AgentPolicy(model_dir, cfg, train_runner.tools)
+    observations = warmup_observations(instructions, cfg.seed)
+    await asyncio.to_thread(policy.warm_up, observations)
+    version = (backend.policy_version or 0) + 1
+    await backend.update_weights(policy.model.named_parameters(), version=version, mode="wait")
+    before = await heldout_success(eval_runner, cfg.eval_per_task)
+    result = RunResult(estimator, cfg.seed, before)
+    result.curve.append((0, 0, 0.0, before))
+    tag = f"[{estimator} seed {cfg.seed}]"
+    if verbose:
+        print(f"{tag} after format warm-up: held-out success {before:.2f}", flush=True)
+    rng = random.Random(cfg.seed)
+    tasks = (rng.randrange(len(TRAIN_NAMES)) for _ in itertools.count())
+    start, rollouts = time.monotonic(), 0
+    stream = train_runner.stream(
+        tasks, group_size=cfg.group_size, batch_size=cfg.group_size * cfg.groups_per_step,
+        max_staleness=cfg.max_staleness,
+    )  # fmt: skip
+    async with stream:
+        for step in range(cfg.steps):
+            groups = [await anext(stream) for _ in range(cfg.groups_per_step)]
+            batch = [t for g in groups for t in g]
+            staleness, failed = tiny.staleness_and_failures(batch, version)
+            rollouts += len(batch)
+            if estimator == "grpo":
+                samples = [s for g in groups for s in grpo_advantages(g)]
+            else:
+                samples, extra = await vine_advantages(train_runner, batch, cfg.value_rollouts)
+                samples = whiten(samples)
+                rollouts += extra
+            await asyncio.to_thread(policy.train, penalise_format_errors(samples))
+            version += 1
+            weights = policy.model.named_parameters()
+            await backend.update_weights(weights, version=version, mode="keep")
+            log = StepLog(
+                step=step,
+                success=sum(t.success for t in batch) / len(batch),
+                staleness=staleness,
+                versions=tuple(sorted({v for t in batch for v in t.policy_versions})),
+                failed=failed,
+                format_errors=format_error_rate(batch),
+                removed_first=removed_first(batch),
+                rollouts=rollouts,
+                seconds=time.monotonic() - start,
+            )
+            if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
+                log.heldout = await heldout_success(eval_runner, cfg.eval_per_task)
+                result.curve.append((step + 1, rollouts, log.seconds, log.heldout))
+            result.steps.append(log)
+            if verbose:
+                held = "" if log.heldout is None else f"  held-out {log.heldout:.2f}"
+                print(
+                    f"{tag} step {step:3d}  success {log.success:.2f}  staleness {staleness}  "
+                    f"versions {list(log.versions)}  failed {failed}  rollouts {rollouts:5d}  "
+                    f"format-errors {log.format_errors:.2f}  rm-first {log.removed_first:.2f}  "
+                    f"{log.seconds:6.1f}s{held}",
+                    flush=True,
+                )
+    result.after = await heldout_success(eval_runner, cfg.eval_per_task)
+    end = result.steps[-1] if result.steps else None
+    result.curve.append(
+        (cfg.steps, end.rollouts if end else 0, end.seconds if end else 0.0, result.after)
+    )
+    return result
+
+
+async def run_all(
+    estimators: Sequence[str], seeds: Sequence[int], cfg: Config, *, verbose: bool = True
+) -> list[RunResult]:
+    """Every (estimator, seed) run on one engine and one adapter (each from the same init)."""
+    from llenvs_async.testing.tiny_model import cached_tiny_model
+
+    model_dir = str(cached_tiny_model())
+    results = []
+    with tempfile.TemporaryDirectory(prefix="relay-tasks-") as root:
+        train_dir, heldout_dir = build_tasks(root)
+        instructions = [(train_dir / f"relay-{n}" / "instruction.md").read_text()
+                        for n in TRAIN_NAMES]  # fmt: skip
+        async with (
+            engine_backend(model_dir) as backend,
+            HarborAdapter(action_format="tools", warm_pool=cfg.warm_pool) as adapter,
+            relay_runners(adapter, train_dir, heldout_dir, backend) as runners,
+        ):
+            for seed, estimator in itertools.product(seeds, estimators):
+                run_cfg = Config(**{**vars(cfg), "seed": seed})
+                result = await train(
+                    estimator, run_cfg, backend, model_dir, runners, instructions,
+                    verbose=verbose,
+                )  # fmt: skip
+                results.append(result)
+    return results
+
+
+async def main(argv: Sequence[str] | None = None) -> list[RunResult]:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--estimator", choices=("grpo", "vine", "both"), default="both")
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lr", type=float, default=None, help="RL learning rate")
+    parser.add_argument("--value-rollouts", type=int, default=None, help="per live state (vine)")
+    parser.add_argument("--quick", action="store_true", help="the test suite's short run")
+    args = parser.parse_args(argv)
+    cfg = Config.quick() if args.quick else Config()
+    if args.steps is not None:
+        cfg.steps = args.steps
+    if args.lr is not None:
+        cfg.lr = args.lr
+    if args.value_rollouts is not None:
+        cfg.value_rollouts = args.value_rollouts
+    estimators = ("grpo", "vine") if args.estimator == "both" else (args.estimator,)
+    results = await run_all(estimators, [args.seed], cfg)
+    async with DockerEngine() as engine:
+        left = await engine.own_containers()
+    print(f"containers left: {len(left)}")
+    for r in results:
+        print(f"held-out success ({r.estimator}): {r.before:.2f} -> {r.after:.2f}")
+    return results
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # SIGTERM tears down like Ctrl-C: engine and containers closed
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _interrupt)
+    asyncio.run(main())
