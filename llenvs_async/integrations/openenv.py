@@ -65,4 +65,5 @@ def require_openenv() -> str:
 
 
 from ._openenv_client import OpenEnvEnvironment, openenv_factory  # noqa: E402
-from ._openenv_server import create_app, is_loopback, serving  # noqa: E402
+from ._openenv_server import create_app  # noqa: E402
+from ._openenv_serving import is_loopback, serving  # noqa: E402
