@@ -1,6 +1,6 @@
 """Local images without a registry: a Debian base from debootstrap, stand-ins for common
-official bases (built from Debian's packages), a busybox image for tests, and ``build_image``
-(a Dockerfile build whose error shows the build log's tail).
+official bases (built from Debian's packages) and a busybox image for tests. How an image is
+made through the engine (``build_image``, ``import_rootfs``) is in ``image_build.py``.
 
 Built by ``llenvs-async images build-all`` (or ``build-base``, ``build-standins``,
 ``build-busybox``), the one entry point the Makefile and the tests' hints use.
@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import io
-import json
 import os
 import re
 import shutil
@@ -19,14 +18,13 @@ import struct
 import tarfile
 import tempfile
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
-
 from ..errors import ImageError
-from .engine import DockerEngine, split_image_ref, translate_errors
+from .engine import DockerEngine
+from .image_build import build_image, bytes_stream, import_rootfs, log_tail
 
 __all__ = [
     "BASE_ALIASES",
@@ -71,11 +69,6 @@ RUN apt-get update \\
  && rm -rf /var/lib/apt/lists/* /usr/lib/python3*/EXTERNALLY-MANAGED
 LABEL {IMAGE_LABEL}=python-standin
 """
-_LOG_TAIL_LINES = 12
-_LINE_CHARS = 160
-_ERROR_CHARS = 400
-_ANSI_RE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
-_PROGRESS_RE = re.compile(r"^[\s\u2500-\u259f|#=>.-]*\d[\d.]*\s*/\s*\d[\d.]*\s*[kMG]?B")
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -124,57 +117,6 @@ async def _existing(engine: DockerEngine, tag: str, label: str) -> ImageInfo | N
     if data is None or (data.get("Config") or {}).get("Labels", {}).get(IMAGE_LABEL) != label:
         return None
     return ImageInfo(id=str(data["Id"]), tags=tuple(data.get("RepoTags") or ()), built=False)
-
-
-async def _tar_stream(rootfs: Path) -> AsyncIterator[bytes]:
-    proc = await asyncio.create_subprocess_exec(
-        "tar", "--numeric-owner", "-C", str(rootfs), "-c", ".",
-        stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    try:
-        while chunk := await proc.stdout.read(1 << 20):
-            yield chunk
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-        await proc.wait()
-    if proc.returncode != 0:
-        raise ImageError(f"tar of {rootfs} exited with {proc.returncode}")
-
-
-async def _bytes_stream(data: bytes) -> AsyncIterator[bytes]:
-    for start in range(0, len(data), 1 << 20):
-        yield data[start : start + (1 << 20)]
-
-
-async def import_rootfs(
-    engine: DockerEngine,
-    rootfs: Path | bytes,
-    repo_tag: str,
-    *,
-    changes: Sequence[str] = (),
-) -> str:
-    """``docker import``: make an image from a rootfs directory or tar bytes; return its id.
-
-    Uses ``POST /images/create?fromSrc=-`` (aiodocker's ``import_image`` is ``docker load``).
-    """
-    repo, tag = split_image_ref(repo_tag)
-    body = _bytes_stream(rootfs) if isinstance(rootfs, bytes) else _tar_stream(rootfs)
-    params = {"fromSrc": "-", "repo": repo, "tag": tag}
-    if changes:
-        params["changes"] = "\n".join(changes)
-    messages = await engine.post_stream(
-        "images/create", params=params, body=body, action=f"importing {repo_tag}"
-    )
-    statuses = [str(m["status"]) for m in messages if "status" in m]
-    image_id = statuses[-1] if statuses else ""
-    if not image_id.startswith("sha256:"):
-        data = await engine.inspect_image(repo_tag)
-        if data is None:
-            raise ImageError(f"importing {repo_tag} produced no image (engine said {messages!r})")
-        image_id = str(data["Id"])
-    return image_id
 
 
 class _BuildLock:
@@ -323,81 +265,6 @@ async def ensure_busybox_image(
     return ImageInfo(id=image_id, tags=(tag,), built=True, seconds=time.monotonic() - started)
 
 
-async def build_image(
-    engine: DockerEngine,
-    context: AsyncIterable[bytes],
-    *,
-    tag: str,
-    labels: Mapping[str, str] | None = None,
-    network: bool = False,
-    what: str | None = None,
-    dockerfile: str = "Dockerfile",
-    diagnose: Callable[[Sequence[str]], str | None] | None = None,
-) -> list[str]:
-    """``docker build`` of a tar context; returns the build log's lines.
-
-    ``network``: build with the host's network (the daemon here has no bridge, so that is
-    the only network a build can get); else none. A failed build raises ``ImageError`` with
-    the failing step's error AND the last lines of the build log, short enough for one
-    screen (ANSI escapes and progress bars dropped, long lines cut); ``diagnose`` sees the
-    whole log and may add a hint line.
-    """
-    what = what or f"building {tag}"
-    params = {"t": tag, "rm": "1", "forcerm": "1", "networkmode": "host" if network else "none"}
-    if dockerfile != "Dockerfile":
-        params["dockerfile"] = dockerfile
-    if labels:
-        params["labels"] = json.dumps(dict(labels))
-    log: list[str] = []
-    error: str | None = None
-    with translate_errors(what, image=tag):
-        async with engine.client._query(
-            "build",
-            "POST",
-            params=params,
-            data=context,
-            headers={"Content-Type": "application/x-tar"},
-            timeout=aiohttp.ClientTimeout(),
-            chunked=True,
-        ) as response:
-            async for raw in response.content:
-                line = raw.decode("utf-8", "replace").strip()
-                if not line:
-                    continue
-                try:
-                    message = json.loads(line)
-                except json.JSONDecodeError:
-                    log.append(line)
-                    continue
-                if "stream" in message:
-                    log.extend(str(message["stream"]).rstrip("\n").splitlines())
-                if "error" in message or "errorDetail" in message:
-                    detail = message.get("errorDetail", {}).get("message") or message.get("error")
-                    error = str(detail)
-    if error is not None:
-        hint = diagnose(log) if diagnose is not None else None
-        message = f"{what} failed: {_clip(error, _ERROR_CHARS)}\n{log_tail(log)}"
-        raise ImageError(message if hint is None else f"{message}\n{hint}")
-    return log
-
-
-def _clip(text: str, limit: int) -> str:
-    """``text`` without ANSI escapes, at most ``limit`` characters (its middle cut)."""
-    clean = _ANSI_RE.sub("", text).replace("\r", "").strip()
-    if len(clean) <= limit:
-        return clean
-    half = (limit - 5) // 2
-    return f"{clean[:half]} ... {clean[-half:]}"
-
-
-def log_tail(lines: Sequence[str], count: int = _LOG_TAIL_LINES) -> str:
-    """The last ``count`` meaningful lines of a build log, one screen at most."""
-    kept = [_clip(line, _LINE_CHARS) for line in lines]
-    kept = [line for line in kept if line and not _PROGRESS_RE.match(line)]
-    body = "\n".join(f"  | {line}" for line in kept[-count:])
-    return f"build log (last lines):\n{body}"
-
-
 async def ensure_standin_images(engine: DockerEngine, *, force: bool = False) -> list[ImageInfo]:
     """The base image, then the python stand-in (``apt-get`` from the host's network, once)."""
     base = await ensure_base_image(engine, force=False)
@@ -413,7 +280,7 @@ async def ensure_standin_images(engine: DockerEngine, *, force: bool = False) ->
                 member.size = len(text)
                 tar.addfile(member, io.BytesIO(text))
             await build_image(
-                engine, _bytes_stream(buf.getvalue()), tag=PYTHON_STANDIN, network=True
+                engine, bytes_stream(buf.getvalue()), tag=PYTHON_STANDIN, network=True
             )
             data = await engine.inspect_image(PYTHON_STANDIN)
             assert data is not None
