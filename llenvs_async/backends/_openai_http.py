@@ -75,22 +75,11 @@ class ServerClient:
                     response = await self.client.post(
                         url, json=payload, headers=self.headers, timeout=self.timeout
                     )
-            except httpx.TimeoutException as exc:
-                if attempt >= self.max_retries:
-                    raise BackendTimeoutError(
-                        f"POST {url} timed out after {attempt + 1} attempt(s) "
-                        f"({type(exc).__name__}, timeout {self.timeout.read}s)",
-                        url=url,
-                    ) from exc
             except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
                 raise BackendError(f"POST {url} cannot be sent: {exc}", url=url) from exc
-            except httpx.TransportError as exc:
+            except httpx.TransportError as exc:  # timeouts included: retried alike
                 if attempt >= self.max_retries:
-                    raise BackendError(
-                        f"POST {url} failed after {attempt + 1} attempt(s): "
-                        f"{type(exc).__name__}: {exc}",
-                        url=url,
-                    ) from exc
+                    raise self._gave_up(url, attempt + 1, exc) from exc
             except httpx.HTTPError as exc:
                 raise BackendError(
                     f"POST {url} failed: {type(exc).__name__}: {exc}", url=url
@@ -111,6 +100,18 @@ class ServerClient:
                 retry_after = _retry_after(response.headers.get("retry-after"))
             await self.sleep(self.delay(attempt, retry_after))
             attempt += 1
+
+    def _gave_up(self, url: str, attempts: int, exc: httpx.TransportError) -> BackendError:
+        """The error for a POST whose last retry failed in transport (a timeout or else)."""
+        if isinstance(exc, httpx.TimeoutException):
+            return BackendTimeoutError(
+                f"POST {url} timed out after {attempts} attempt(s) "
+                f"({type(exc).__name__}, timeout {self.timeout.read}s)",
+                url=url,
+            )
+        return BackendError(
+            f"POST {url} failed after {attempts} attempt(s): {type(exc).__name__}: {exc}", url=url
+        )
 
     def delay(self, attempt: int, retry_after: float | None) -> float:
         """``Retry-After`` when the server sent one, else exponential backoff with jitter."""
