@@ -1,17 +1,22 @@
-"""Small helpers the tiers share: whether this is CI, the built-images check, and running a
-child process that is never left behind."""
+"""Small helpers the tiers share: whether this is CI, the built-images check, an engine with
+the base image, this process's Harbor containers, and running a child process that is never
+left behind."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 
 from llenvs_async.docker.engine import DockerEngine
+from llenvs_async.docker.images import BASE_IMAGE, ensure_base_image
+from llenvs_async.docker.ownership import OWNER_LABEL
+from llenvs_async.errors import DockerUnavailableError
 
 
 def in_ci() -> bool:
@@ -28,6 +33,34 @@ async def require_built_images(engine: DockerEngine, *tags: str) -> None:
             f"image(s) {', '.join(missing)} not built: run `make images` "
             "(`llenvs-async images build-all`); tests never download them"
         )
+
+
+@asynccontextmanager
+async def base_image_engine() -> AsyncIterator[DockerEngine]:
+    """A connected engine with the Debian base image (built by ``make images``, not here) and
+    its aliases tagged, which task Dockerfiles build FROM; without an engine or the image
+    the test skips locally and FAILS in CI (``CI=true``)."""
+    engine = DockerEngine()
+    try:
+        await engine.connect()
+    except DockerUnavailableError as exc:
+        pytest.skip(f"no Docker engine: {exc}")
+    try:
+        await require_built_images(engine, BASE_IMAGE)
+        await ensure_base_image(engine)  # tags debian:bookworm-slim
+        yield engine
+    finally:
+        await engine.aclose()
+
+
+async def harbor_containers(engine: DockerEngine) -> list[str]:
+    """Ids of this process's containers that run Harbor tasks (the "0 left" checks)."""
+    # Imported here: every tier imports this module, few need the Harbor adapter.
+    from llenvs_async.adapters.harbor.image import TASK_IMAGE_LABEL
+
+    owner = engine.labels[OWNER_LABEL]
+    found = await engine.list_containers({OWNER_LABEL: owner, TASK_IMAGE_LABEL: None})
+    return [str(c["Id"]) for c in found]
 
 
 def run_child(

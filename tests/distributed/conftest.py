@@ -85,24 +85,12 @@ def live_actors() -> list[str]:
 
 @pytest.fixture
 async def docker_engine() -> AsyncIterator[Any]:
-    """A connected engine with the Debian base image the example tasks build FROM; without
-    an engine the test skips locally and FAILS in CI (``CI=true``)."""
-    from llenvs_async.docker.engine import DockerEngine
-    from llenvs_async.docker.images import BASE_IMAGE, ensure_base_image
-    from llenvs_async.errors import DockerUnavailableError
-    from tests._support import require_built_images
+    """A connected engine with the Debian base image the example tasks build FROM
+    (``base_image_engine``)."""
+    from tests._support import base_image_engine
 
-    engine = DockerEngine()
-    try:
-        await engine.connect()
-    except DockerUnavailableError as exc:
-        pytest.skip(f"no Docker engine: {exc}")
-    try:
-        await require_built_images(engine, BASE_IMAGE)  # built by `make images`, not here
-        await ensure_base_image(engine)
+    async with base_image_engine() as engine:
         yield engine
-    finally:
-        await engine.aclose()
 
 
 async def containers_of(engine: Any, host: str, pids: set[int]) -> list[str]:

@@ -5,45 +5,28 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
-from llenvs_async.adapters.harbor.image import TASK_IMAGE_LABEL
-from llenvs_async.docker.engine import DockerEngine
-from llenvs_async.docker.images import BASE_IMAGE, ensure_base_image
-from llenvs_async.docker.ownership import OWNER_LABEL
-from llenvs_async.errors import DockerUnavailableError
-from tests._support import require_built_images
+from tests._support import base_image_engine, harbor_containers
 
 
-async def _task_containers(prepare: bool) -> list[Any]:
-    """This process's Harbor task containers; ``prepare``: first check the engine and build
-    the base image (skips, failing under CI, when Docker or the images are missing)."""
-    engine = DockerEngine()
-    try:
-        await engine.connect()
-    except DockerUnavailableError as exc:
-        pytest.skip(f"no Docker engine: {exc}")
-    try:
-        if prepare:
-            await require_built_images(engine, BASE_IMAGE)
-            await ensure_base_image(engine)
-        owner = engine.labels[OWNER_LABEL]
-        return list(await engine.list_containers({OWNER_LABEL: owner, TASK_IMAGE_LABEL: None}))
-    finally:
-        await engine.aclose()
+async def _task_containers() -> list[str]:
+    """This process's Harbor task containers, once Docker and the base image are checked
+    (skips, failing under CI, when Docker or the image is missing)."""
+    async with base_image_engine() as engine:
+        return await harbor_containers(engine)
 
 
 @pytest.fixture
 def docker_images() -> None:
     """Docker answers and the base image is built."""
-    asyncio.run(_task_containers(True))
+    asyncio.run(_task_containers())
 
 
 @pytest.fixture
 def no_containers_left() -> Iterator[None]:
     """Docker preconditions, and "0 task containers of ours" before and after the test."""
-    assert asyncio.run(_task_containers(True)) == []
+    assert asyncio.run(_task_containers()) == []
     yield
-    assert asyncio.run(_task_containers(False)) == [], "the test left Harbor containers behind"
+    assert asyncio.run(_task_containers()) == [], "the test left Harbor containers behind"

@@ -11,14 +11,10 @@ from pathlib import Path
 import pytest
 
 from llenvs_async.adapters.harbor import HarborAdapter, HarborTask
-from llenvs_async.adapters.harbor.image import TASK_IMAGE_LABEL
 from llenvs_async.docker.engine import DockerEngine
-from llenvs_async.docker.images import BASE_IMAGE, ensure_base_image
-from llenvs_async.docker.ownership import OWNER_LABEL
-from llenvs_async.errors import DockerUnavailableError
 from llenvs_async.policies import shell_reply
 from llenvs_async.types import GenerationRequest
-from tests._support import require_built_images
+from tests._support import base_image_engine, harbor_containers
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "tasks"
 # Task directories: their tests/test_*.py run inside task containers, never here.
@@ -79,29 +75,11 @@ def make_registry(tmp_path: Path) -> MakeRegistry:
 
 @pytest.fixture
 async def docker_engine() -> AsyncIterator[DockerEngine]:
-    """A connected engine with the Debian base image (``make images`` builds it); without an
-    engine the test skips locally and FAILS in CI (``CI=true``). Afterwards no Harbor
-    container of this process may remain.
-    """
-    engine = DockerEngine()
-    try:
-        await engine.connect()
-    except DockerUnavailableError as exc:
-        pytest.skip(f"no Docker engine: {exc}")
-    try:
-        await require_built_images(engine, BASE_IMAGE)  # built by `make images`, not here
-        await ensure_base_image(engine)  # tags debian:bookworm-slim, which the tasks build FROM
+    """A connected engine with the Debian base image (``base_image_engine``); afterwards no
+    Harbor container of this process may remain."""
+    async with base_image_engine() as engine:
         yield engine
         assert await harbor_containers(engine) == [], "the test left Harbor containers behind"
-    finally:
-        await engine.aclose()
-
-
-async def harbor_containers(engine: DockerEngine) -> list[str]:
-    """Ids of this process's containers that run Harbor tasks."""
-    owner = engine.labels[OWNER_LABEL]
-    found = await engine.list_containers({OWNER_LABEL: owner, TASK_IMAGE_LABEL: None})
-    return [str(c["Id"]) for c in found]
 
 
 @pytest.fixture
