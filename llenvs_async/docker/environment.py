@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 from .._shield import shielded
 from ..env import new_episode_id
 from ..errors import EnvError
 from ..protocols import AgentProtocol
 from ..types import Observation, State
-from .container import Container, ContainerSpec
+from .container import ContainerSpec
 from .engine import DockerEngine
 from .output import CommandResult
 from .pool import WarmPool
+from .runtime import Runtime, RuntimeHost, get_runtime
 from .shell import ShellKind, ShellSession
 from .shell_task import (
     DEFAULT_MAX_OBSERVATION_CHARS,
@@ -26,9 +27,6 @@ from .shell_task import (
     capped_timeout,
     format_observation,
 )
-
-if TYPE_CHECKING:
-    from ..sandbox.sandbox import Sandbox
 
 __all__ = ["DockerEnvironment", "format_observation"]
 
@@ -38,8 +36,9 @@ class DockerEnvironment(ShellTaskEnvironment):
     ``submit_keyword`` or ``max_steps`` ends it, and ``verify_command`` exit 0 -> reward 1.0
     (its exit code and output tail in ``info["verify"]``). With ``pool`` (a ``WarmPool``)
     ``reset`` takes a started container with its shell open (the pool's engine and shell
-    settings apply) instead of creating one. ``runtime="gvisor"``: the episode runs in a
-    gVisor sandbox (``llenvs_async.sandbox``) instead of a Docker container.
+    settings apply) instead of creating one. ``runtime``: what starts the box, by name
+    (``"runc"``: a Docker container; ``"gvisor"``: a gVisor sandbox, ``llenvs_async.sandbox``)
+    or a ``Runtime``; it is checked here (``GvisorUnavailableError`` without runsc).
     """
 
     def __init__(
@@ -59,7 +58,7 @@ class DockerEnvironment(ShellTaskEnvironment):
         max_output_bytes: int = 16 * 1024,
         shell: ShellKind = "auto",
         pool: WarmPool | None = None,
-        runtime: Literal["runc", "gvisor"] = "runc",
+        runtime: str | Runtime = "runc",
         action_format: str | AgentProtocol = "text",
         max_format_errors: int | None = 3,
         max_observation_chars: int | None = DEFAULT_MAX_OBSERVATION_CHARS,
@@ -82,24 +81,19 @@ class DockerEnvironment(ShellTaskEnvironment):
         self.verify_timeout = verify_timeout
         self.max_output_bytes = max_output_bytes
         self.shell_kind: ShellKind = shell
-        if runtime not in ("runc", "gvisor"):
-            raise ValueError(f"runtime must be 'runc' or 'gvisor', got {runtime!r}")
-        if runtime == "gvisor":
-            if pool is not None:
-                raise ValueError(
-                    "DockerEnvironment: a warm pool holds Docker containers, not gVisor "
-                    "sandboxes: pass pool=None with runtime='gvisor'"
-                )
-            from ..sandbox.runsc import find_runsc
-
-            find_runsc()  # GvisorUnavailableError now, naming what is missing
-        self.container_runtime: Literal["runc", "gvisor"] = runtime
+        self.runtime = get_runtime(runtime) if isinstance(runtime, str) else runtime
+        if pool is not None and not self.runtime.pool_allowed:
+            raise ValueError(
+                f"DockerEnvironment: a warm pool holds Docker containers, not boxes of runtime "
+                f"{self.runtime.name!r}: pass pool=None with runtime={self.runtime.name!r}"
+            )
+        self.runtime.check()  # now, naming what is missing (GvisorUnavailableError)
         if pool is not None and engine is not None and engine is not pool.engine:
             raise ValueError("DockerEnvironment: engine= and pool= must share one DockerEngine")
         self.pool = pool
         self._engine = pool.engine if pool is not None else engine
         self._owns_engine = self._engine is None
-        self._container: Container | Sandbox | None = None
+        self._container: RuntimeHost | None = None
         self._session: ShellSession | None = None
 
     @classmethod
@@ -112,7 +106,12 @@ class DockerEnvironment(ShellTaskEnvironment):
         return make
 
     @property
-    def container(self) -> Container | Sandbox | None:
+    def container_runtime(self) -> str:
+        """The runtime's name (``"runc"``, ``"gvisor"``)."""
+        return self.runtime.name
+
+    @property
+    def container(self) -> RuntimeHost | None:
         """The live container or sandbox (``None`` before ``reset`` and after ``aclose``)."""
         return self._container
 
@@ -128,16 +127,12 @@ class DockerEnvironment(ShellTaskEnvironment):
     async def _reset(self, task: int | str | None, *, seed: int | None) -> State:
         await self._remove_container()
         engine = await self._engine_connected()
-        container: Container | Sandbox
-        if self.container_runtime == "gvisor":
-            from ..sandbox.sandbox import Sandbox
-
-            container = await Sandbox.create(engine, self.spec)
-        elif self.pool is not None:  # a started container with its shell open, if one is ready
+        container: RuntimeHost
+        if self.pool is not None:  # a started container with its shell open, if one is ready
             warm = await self.pool.take(self.spec)
             container, self._session = warm.container, warm.shell
         else:
-            container = await Container.create(engine, self.spec)
+            container = await self.runtime.create(engine, self.spec)
         self._container = container
         try:
             if self._session is None:

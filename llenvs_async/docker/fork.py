@@ -16,12 +16,10 @@ functions, aliases, shell options, traps and the directory stack. Processes do n
 survive a commit either: when the replayed prefix leaves any running (background
 jobs, daemons), that state falls back to replay restore for every instance.
 
-With ``processes=True`` (gVisor sandboxes only: ``runtime="gvisor"``) the first instance
-replays the prefix and checkpoints its whole sandbox instead of committing; every
-instance, that one included, continues in a sandbox restored from the checkpoint, with
-processes, memory, filesystem and the shell's full state intact (``{"method":
-"checkpoint", "checkpoint": name}``). Without gVisor that is a ``RestoreError``, never
-a silent filesystem-only fork.
+With a ``ProcessFork`` (gVisor: ``llenvs_async.sandbox.SandboxProcessFork``) the first
+instance checkpoints its whole replayed box instead; every instance, that one included,
+continues in a box restored from it, processes, memory and the shell's state intact
+(``{"method": "checkpoint", "checkpoint": name}``). Another runtime is a ``RestoreError``.
 
 Each restored state records how in ``state.info["restore"]``: ``{"method":
 "snapshot", "image": ref}`` for a forked instance, ``{"method": "replay",
@@ -34,14 +32,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import re
-import shlex
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from .._resource import AsyncResource
 from .._shield import shielded
@@ -52,12 +46,10 @@ from .container import Container
 from .engine import DockerEngine
 from .images import tag_slug
 from .ownership import new_session_id
+from .runtime import ForkPoint, ProcessFork
 from .shell import ShellSession
+from .shell_host import ShellHost, ShellState, apply_shell_state, capture_shell_state, run_probe
 from .snapshots import register_snapshot_backstop, remove_image, snapshot_labels
-
-if TYPE_CHECKING:
-    from ..sandbox.fork import SandboxCheckpoint
-    from ..sandbox.sandbox import Sandbox
 
 __all__ = [
     "SNAPSHOT_REPO",
@@ -72,16 +64,6 @@ __all__ = [
 ]
 
 SNAPSHOT_REPO = "llenvs-snapshot"
-_PROBE_TIMEOUT = 30.0
-_SEPARATOR = "__llenvs_shell_state__"
-# Per-container or owned by our ShellSession: never carried from the replayed shell.
-_NOT_CARRIED = frozenset({"HOSTNAME", "PS1", "PS2"})
-_CAPTURE = (
-    f"pwd; echo {_SEPARATOR}; umask; echo {_SEPARATOR}; (unset {' '.join(sorted(_NOT_CARRIED))}; "
-    "export -p)"
-)
-_EXPORT_RE = re.compile(r"^(?:declare -\S+|export) ([A-Za-z_][A-Za-z0-9_]*)(?:=|$)", re.M)
-_UMASK_RE = re.compile(r"^[0-7]{1,4}$")
 # Lists the container's processes from a subshell, with builtins only (no process of its
 # own but the subshell): a header "SHELL_PID SUBSHELL_PID", then "PID PPID STATE COMM".
 _PROCESSES = r"""( read -r __llenvs_self __llenvs_rest </proc/self/stat
@@ -92,19 +74,6 @@ for __llenvs_d in /proc/[0-9]*; do
   set -- ${__llenvs_l##*)}
   echo "${__llenvs_d#/proc/} $2 $1 $__llenvs_c"
 done )"""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ShellState:
-    """What a commit does not keep of the replayed shell and forks re-apply."""
-
-    cwd: str
-    umask: str
-    exports: str
-
-    @property
-    def exported(self) -> frozenset[str]:
-        return frozenset(_EXPORT_RE.findall(self.exports))
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +113,7 @@ class _Fallback:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Checkpointed:
-    checkpoint: SandboxCheckpoint
+    checkpoint: ForkPoint
     template: State
 
 
@@ -176,7 +145,6 @@ def _leftover_processes(listing: str) -> list[str]:
 async def _remove_images(engine: DockerEngine, refs: Sequence[str]) -> list[str]:
     """Remove images concurrently; ``"ref: error"`` for each that could not be removed
     (by id, an image a running container uses is refused rather than left untagged)."""
-
     await engine.connect()  # an idle owner may have disconnected it (reconnects; idempotent)
 
     async def remove(ref: str) -> str | None:
@@ -191,46 +159,17 @@ async def _remove_images(engine: DockerEngine, refs: Sequence[str]) -> list[str]
     return [error for task in tasks if (error := task.result()) is not None]
 
 
-async def _run(shell: ShellSession, command: str, what: str) -> str:
-    result = await shell.run(command, timeout=_PROBE_TIMEOUT)
-    if not result.ok or result.truncated_bytes:
-        raise RestoreError(f"{what} failed (exit code {result.exit_code}): {result.output[:300]!r}")
-    return result.output
-
-
-async def capture_shell_state(shell: ShellSession) -> ShellState | str:
-    """The replayed shell's cwd, umask and exports, or why they cannot be carried over."""
-    parts = (await _run(shell, _CAPTURE, "capturing the shell state")).split(f"\n{_SEPARATOR}\n")
-    if len(parts) != 3 or not _UMASK_RE.match(parts[1]):
-        return f"the shell state could not be parsed: {parts[:2]!r}"
-    return ShellState(cwd=parts[0], umask=parts[1], exports=parts[2].rstrip("\n"))
-
-
-async def apply_shell_state(shell: ShellSession, saved: ShellState) -> None:
-    """Re-apply ``saved`` in a fresh shell: cwd, umask, and exactly the saved exports."""
-    fresh = await _run(
-        shell, f"cd -- {shlex.quote(saved.cwd)} && umask {saved.umask} && export -p", "cd/umask"
-    )
-    extra = sorted(frozenset(_EXPORT_RE.findall(fresh)) - saved.exported - _NOT_CARRIED)
-    unset = f"unset -v {' '.join(extra)}\n" if extra else ""
-    await _run(shell, unset + saved.exports, "re-applying the exported variables")
-
-
 class Forkable(Protocol):
-    """What ``SnapshotFork`` needs of an environment: its live shell and container, and a
-    way to continue a state in a new container started from an image."""
+    """What ``SnapshotFork`` needs of an environment: its live shell and container (or other
+    box), and a way to continue a state in a new container started from an image."""
 
     @property
     def shell(self) -> ShellSession | None: ...
 
     @property
-    def container(self) -> Container | Sandbox | None: ...
+    def container(self) -> ShellHost | None: ...
 
     async def resume_from_image(self, image: str, state: State) -> State: ...
-
-    async def resume_from_checkpoint(
-        self, checkpoint: SandboxCheckpoint, state: State
-    ) -> State: ...
 
 
 E = TypeVar("E", bound=Forkable)
@@ -243,15 +182,19 @@ class SnapshotFork(AsyncResource, Generic[E]):
     ``_replay`` (reset + replay the prefix) and ``_reanchor`` (the restored state, with
     ``info`` merged). ``engine`` (owned by the caller) removes snapshots; by default the
     subclass's ``_open_engine`` gives one. ``timeout`` bounds a commit, and the removal.
+    ``process_fork`` (closed with this object): fork whole boxes, processes included.
     """
 
     def __init__(
-        self, *, engine: DockerEngine | None = None, timeout: float = 120.0, processes: bool = False
+        self,
+        *,
+        engine: DockerEngine | None = None,
+        timeout: float = 120.0,
+        process_fork: ProcessFork[E, Any] | None = None,
     ) -> None:
         self.session_id = new_session_id()
         self.timeout = timeout
-        self.processes = processes
-        self._checkpoints: list[Path] = []  # checkpoint images (removed by aclose)
+        self.process_fork = process_fork
         self._engine = engine
         self._owns_engine = False
         self._engine_lock = asyncio.Lock()
@@ -259,6 +202,11 @@ class SnapshotFork(AsyncResource, Generic[E]):
         self._images: dict[str, str] = {}  # ref -> image id once committed (removal target)
         self._stats = SnapshotStats()
         self._closed = False
+
+    @property
+    def processes(self) -> bool:
+        """Whether whole boxes are forked, processes included (a ``process_fork`` given)."""
+        return self.process_fork is not None
 
     @property
     def stats(self) -> SnapshotStats:
@@ -275,11 +223,11 @@ class SnapshotFork(AsyncResource, Generic[E]):
             raise ClosedError(type(self).__name__)
         forkable = self._check(env, state)
         runtime = getattr(forkable, "container_runtime", "runc")
-        if self.processes and runtime != "gvisor":
+        fork = self.process_fork
+        if fork is not None and runtime != fork.runtime:
             raise RestoreError(
-                f"{type(self).__name__}(processes=True) forks whole sandboxes and needs the "
-                f"gVisor runtime (HarborAdapter(runtime='gvisor'), --runtime gvisor); "
-                f"this {type(env).__name__} runs on {runtime!r}",
+                f"{type(self).__name__}(processes=True) forks whole boxes with their processes "
+                f"and needs {fork.needs}; this {type(env).__name__} runs on {runtime!r}",
                 runtime=runtime,
             )
         started = time.monotonic()
@@ -306,9 +254,8 @@ class SnapshotFork(AsyncResource, Generic[E]):
         if self._closed:
             return
         self._closed = True
-        checkpoints, self._checkpoints = self._checkpoints, []
-        for directory in checkpoints:
-            await shielded(asyncio.to_thread(shutil.rmtree, directory, True), within=self.timeout)
+        if self.process_fork is not None:
+            await self.process_fork.aclose()
         images, self._images = list(self._images.values()), {}
         engine, self._engine = self._engine, None
         if engine is None:
@@ -371,20 +318,26 @@ class SnapshotFork(AsyncResource, Generic[E]):
             self._count(fallbacks=1)
             record = {"method": "replay", "fallback_reason": outcome.reason}
         elif isinstance(outcome, _Checkpointed):
-            record = {"method": "replay", "checkpoint": outcome.checkpoint.directory.name}
+            record = {"method": "replay", "checkpoint": outcome.checkpoint.name}
         else:
             record = {"method": "replay", "snapshot": outcome.image}
         return self._reanchor(env, state, started, {"restore": record})
 
     async def _snapshot(self, env: E, key: SnapshotKey, current: State) -> _Outcome:
-        if self.processes:
-            return await self._checkpoint(env, key, current)
+        if self.process_fork is not None:  # the whole box (it stops; env resumes a copy)
+            if self._closed:
+                raise RestoreError(f"the {type(self).__name__} was closed during the replay")
+            name = f"{key.digest[:16]}-{self.session_id}"
+            labels = snapshot_labels(self.session_id, key.image)
+            checkpoint = await self.process_fork.checkpoint(env, current, name, labels)
+            self._count(snapshots=1)
+            return _Checkpointed(checkpoint=checkpoint, template=current)
         shell, container = env.shell, env.container
         assert shell is not None and container is not None
         if not isinstance(container, Container):
             return _Fallback(reason="a gVisor sandbox is forked with processes=True, not committed")
         try:
-            running = _leftover_processes(await _run(shell, _PROCESSES, "listing processes"))
+            running = _leftover_processes(await run_probe(shell, _PROCESSES, "listing processes"))
             saved = await capture_shell_state(shell)
         except RestoreError as exc:
             return _Fallback(reason=str(exc))
@@ -411,43 +364,15 @@ class SnapshotFork(AsyncResource, Generic[E]):
         self._count(snapshots=1)
         return _Snapshot(image=ref, template=current, shell=saved)
 
-    async def _checkpoint(self, env: E, key: SnapshotKey, current: State) -> _Outcome:
-        """Checkpoint the replayed sandbox (it stops) and continue ``env`` in a restore."""
-        from ..sandbox.fork import checkpoint_sandbox
-        from ..sandbox.sandbox import Sandbox
-
-        shell, sandbox = env.shell, env.container
-        if shell is None or not isinstance(sandbox, Sandbox):
-            raise RestoreError("processes=True needs an environment running in a gVisor sandbox")
-        if self._closed:
-            raise RestoreError(f"the {type(self).__name__} was closed during the replay")
-        labels = {**snapshot_labels(self.session_id, key.image), **sandbox.config["annotations"]}
-        name = f"{key.digest[:16]}-{self.session_id}"
-        try:
-            checkpoint = await shielded(
-                checkpoint_sandbox(sandbox, shell, name, labels), within=self.timeout
-            )
-        finally:
-            self._checkpoints.extend(self._pending_checkpoint(sandbox, name))
-        self._count(snapshots=1)
-        async with asyncio.TaskGroup() as tg:  # the stopped sandbox goes while env resumes
-            tg.create_task(sandbox.delete_stopped())
-            tg.create_task(env.resume_from_checkpoint(checkpoint, current))
-        return _Checkpointed(checkpoint=checkpoint, template=current)
-
-    def _pending_checkpoint(self, sandbox: Sandbox, name: str) -> list[Path]:
-        """The checkpoint directory, if made (``aclose`` removes it whatever happened)."""
-        directory = sandbox.runsc.checkpoints / name
-        return [directory] if directory.exists() else []
-
     async def _fork(self, env: E, state: State, snap: _Snapshot | _Checkpointed,
                     started: float) -> State:  # fmt: skip
         template = replace(snap.template, task=state.task, actions=state.actions, seed=state.seed)
         if isinstance(snap, _Checkpointed):
+            assert self.process_fork is not None  # only a process fork makes checkpoints
             began = time.monotonic()
-            await env.resume_from_checkpoint(snap.checkpoint, template)
+            await self.process_fork.resume(env, snap.checkpoint, template)
             self._count(forks=1)
-            record = {"method": "checkpoint", "checkpoint": snap.checkpoint.directory.name,
+            record = {"method": "checkpoint", "checkpoint": snap.checkpoint.name,
                       "resume_sec": round(time.monotonic() - began, 6)}  # fmt: skip
             return self._reanchor(env, state, started, {"restore": record})
         await env.resume_from_image(snap.image, template)

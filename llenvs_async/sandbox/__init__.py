@@ -1,8 +1,10 @@
 """gVisor sandboxes (``runsc``) for shell tasks: a container's interface plus checkpoint and
-restore of whole sandboxes (processes, memory, in-memory filesystem)."""
+restore of whole sandboxes (processes, memory, in-memory filesystem). Importing this package
+registers the ``"gvisor"`` runtime with the docker layer (``GVISOR``)."""
 
 from __future__ import annotations
 
+from .fork import SandboxCheckpoint, SandboxProcessFork
 from .reaper import (
     ReapedOrphans,
     ReapedSandbox,
@@ -11,13 +13,18 @@ from .reaper import (
     remove_own_sandboxes_sync,
 )
 from .runsc import Runsc, find_runsc
+from .runtime import GVISOR, GvisorRuntime
 from .sandbox import Sandbox
 
 __all__ = [
+    "GVISOR",
+    "GvisorRuntime",
     "ReapedOrphans",
     "ReapedSandbox",
     "Runsc",
     "Sandbox",
+    "SandboxCheckpoint",
+    "SandboxProcessFork",
     "find_runsc",
     "reap_all_orphans",
     "reap_orphan_sandboxes",

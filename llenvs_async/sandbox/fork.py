@@ -5,24 +5,37 @@ A checkpoint stops the sandbox, so the episode that was checkpointed continues i
 restore too. After each restore a new relay attaches to the shell's FIFOs and a
 ``ShellSession`` adopts the running shell (``ShellSession.adopt``): cwd, unexported
 variables, functions, aliases, options and traps are simply still there.
+``SandboxProcessFork`` is how ``SnapshotRestore(processes=True)`` forks (the docker
+layer's ``ProcessFork``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from .._shield import shielded
 from ..docker.container import ContainerSpec
 from ..docker.shell import ShellSession, ShellSnapshot
-from ..errors import ContainerError
+from ..docker.shell_host import ShellHost
+from ..errors import ContainerError, RestoreError
+from ..types import State
 from .channel import FifoChannel
 from .reaper import write_owner
 from .runsc import Runsc
 from .sandbox import Sandbox
 
-__all__ = ["SandboxCheckpoint", "checkpoint_sandbox", "resume_sandbox"]
+__all__ = [
+    "CheckpointForkable",
+    "SandboxCheckpoint",
+    "SandboxProcessFork",
+    "checkpoint_sandbox",
+    "resume_sandbox",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,6 +48,10 @@ class SandboxCheckpoint:
     config: Mapping[str, Any]
     shell: ShellSnapshot
     shell_dir: str
+
+    @property
+    def name(self) -> str:
+        return self.directory.name
 
     @property
     def image_path(self) -> Path:
@@ -79,3 +96,63 @@ async def resume_sandbox(
         await sandbox.aclose()
         raise
     return sandbox, session
+
+
+class CheckpointForkable(Protocol):
+    """What ``SandboxProcessFork`` needs of an environment: its live shell and box, and a
+    way to continue a state in a sandbox restored from a checkpoint."""
+
+    @property
+    def shell(self) -> ShellSession | None: ...
+
+    @property
+    def container(self) -> ShellHost | None: ...
+
+    async def resume_from_checkpoint(
+        self, checkpoint: SandboxCheckpoint, state: State
+    ) -> State: ...
+
+
+class SandboxProcessFork:
+    """Forks whole gVisor sandboxes (processes, memory, filesystem, the shell's full state)
+    for a ``SnapshotFork``: checkpoints the replayed one, resumes copies; ``aclose`` removes
+    the checkpoint images (``timeout`` bounds a checkpoint and each removal)."""
+
+    runtime = "gvisor"
+    needs = "the gVisor runtime (HarborAdapter(runtime='gvisor'), --runtime gvisor)"
+
+    def __init__(self, *, timeout: float = 120.0) -> None:
+        self.timeout = timeout
+        self._directories: list[Path] = []  # checkpoint images made (removed by aclose)
+
+    async def checkpoint(
+        self, env: CheckpointForkable, state: State, name: str, labels: Mapping[str, str]
+    ) -> SandboxCheckpoint:
+        """Checkpoint ``env``'s sandbox (it stops) and continue ``env`` in a restore of it
+        while the stopped one is deleted."""
+        shell, sandbox = env.shell, env.container
+        if shell is None or not isinstance(sandbox, Sandbox):
+            raise RestoreError("processes=True needs an environment running in a gVisor sandbox")
+        owner = {**labels, **sandbox.config["annotations"]}
+        try:
+            made = checkpoint_sandbox(sandbox, shell, name, owner)
+            checkpoint = await shielded(made, within=self.timeout)
+        finally:  # made or half-made, aclose removes it
+            directory = sandbox.runsc.checkpoints / name
+            if directory.exists():
+                self._directories.append(directory)
+        async with asyncio.TaskGroup() as tg:  # the stopped sandbox goes while env resumes
+            tg.create_task(sandbox.delete_stopped())
+            tg.create_task(env.resume_from_checkpoint(checkpoint, state))
+        return checkpoint
+
+    async def resume(
+        self, env: CheckpointForkable, checkpoint: SandboxCheckpoint, state: State
+    ) -> None:
+        await env.resume_from_checkpoint(checkpoint, state)
+
+    async def aclose(self) -> None:
+        """Remove the checkpoint images (idempotent; each removal shielded and bounded)."""
+        directories, self._directories = self._directories, []
+        for directory in directories:
+            await shielded(asyncio.to_thread(shutil.rmtree, directory, True), within=self.timeout)

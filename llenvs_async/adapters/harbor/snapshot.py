@@ -3,7 +3,8 @@ task image, the task name and the prefix of commands, replayed and re-anchored a
 ``harbor_restore`` does (task identity checked, budget restored).
 
 See ``llenvs_async.docker.fork`` for what a fork keeps (filesystem, cwd, umask, exports)
-and when it falls back to a replay (processes left running, a failed commit).
+and when it falls back to a replay (processes left running, a failed commit);
+``processes=True`` forks whole gVisor sandboxes (``llenvs_async.sandbox.SandboxProcessFork``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,19 @@ class SnapshotRestore(SnapshotFork[HarborEnvironment]):
     so its snapshot images are removed at teardown. ``engine`` (owned by the caller) is
     used to resolve task images and remove snapshots; by default the adapter's engine, else
     one is opened. ``timeout`` bounds a commit, and the removal of the snapshots.
+    ``processes=True`` (``runtime="gvisor"``): fork whole sandboxes, processes and the
+    shell's full state included; on runc that is a ``RestoreError`` at the first restore.
     """
+
+    def __init__(
+        self, *, engine: DockerEngine | None = None, timeout: float = 120.0, processes: bool = False
+    ) -> None:
+        process_fork = None
+        if processes:
+            from ...sandbox.fork import SandboxProcessFork
+
+            process_fork = SandboxProcessFork(timeout=timeout)
+        super().__init__(engine=engine, timeout=timeout, process_fork=process_fork)
 
     def _check(self, env: Environment, state: State) -> HarborEnvironment:
         return check_restorable(env, state, "SnapshotRestore")

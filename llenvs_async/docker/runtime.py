@@ -1,0 +1,152 @@
+"""Container runtimes: what starts a box (a Docker container under runc, a gVisor sandbox)
+behind one interface, and the registry that names them.
+
+This layer defines ``RUNC``; a layer above registers its own runtime when it is imported
+(``llenvs_async.sandbox`` registers ``"gvisor"``). So that a name works without the caller
+importing its provider first, ``get_runtime`` loads the provider of a known name on first
+use: the name of a module, as data, never an import of it here, so the dependency stays
+one-way (``tests/test_layering.py``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from .container import Container, ContainerSpec
+from .shell_host import ShellHost, ShellKind
+
+if TYPE_CHECKING:
+    from ..types import State
+    from .engine import DockerEngine
+    from .output import CommandResult
+    from .shell import ShellSession
+
+__all__ = [
+    "RUNC",
+    "ForkPoint",
+    "ProcessFork",
+    "RuncRuntime",
+    "Runtime",
+    "RuntimeHost",
+    "get_runtime",
+    "register_runtime",
+]
+
+
+class RuntimeHost(ShellHost, Protocol):
+    """A started box of some runtime: persistent shells, one-off execs, removal."""
+
+    async def shell(self, *, shell: ShellKind = ..., max_output_bytes: int = ...) -> ShellSession:
+        """A persistent shell, closed with the box."""
+        ...
+
+    async def exec(
+        self,
+        argv: str | Sequence[str],
+        *,
+        timeout: float | None = ...,  # noqa: ASYNC109 - the box kills the process past it
+    ) -> CommandResult: ...
+
+    async def inspect(self) -> dict[str, Any]:
+        """Docker-shaped details (``Id``, ``Config.WorkingDir``/``Env``)."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class Runtime(Protocol):
+    """How boxes are started: ``check`` says whether it can run here (raising an error that
+    names what is missing), ``create`` starts one from a spec."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def pool_allowed(self) -> bool:
+        """Whether a ``WarmPool`` (of Docker containers) may stand in for ``create``."""
+        ...
+
+    def check(self) -> None: ...
+
+    async def create(self, engine: DockerEngine, spec: ContainerSpec) -> RuntimeHost: ...
+
+
+class ForkPoint(Protocol):
+    """A checkpoint a ``ProcessFork`` made, named in the restore records."""
+
+    @property
+    def name(self) -> str: ...
+
+
+E_contra = TypeVar("E_contra", contravariant=True)
+P = TypeVar("P", bound=ForkPoint)
+
+
+class ProcessFork(Protocol[E_contra, P]):
+    """How a ``SnapshotFork`` forks whole boxes, processes included, on one runtime: the
+    replayed box is checkpointed and copies resume from it. It owns its checkpoints."""
+
+    @property
+    def runtime(self) -> str:
+        """The runtime whose boxes it forks (the environment's ``container_runtime``)."""
+        ...
+
+    @property
+    def needs(self) -> str:
+        """What it needs, for the error on another runtime ("the gVisor runtime (...)")."""
+        ...
+
+    async def checkpoint(
+        self, env: E_contra, state: State, name: str, labels: Mapping[str, str]
+    ) -> P:
+        """Checkpoint ``env``'s replayed box (at ``state``; it stops) as ``name``, owned
+        per ``labels``, and continue ``env`` in a box resumed from it."""
+        ...
+
+    async def resume(self, env: E_contra, checkpoint: P, state: State) -> None:
+        """Continue ``state`` in ``env``, in a new box resumed from ``checkpoint``."""
+        ...
+
+    async def aclose(self) -> None:
+        """Remove every checkpoint made (idempotent)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class RuncRuntime:
+    """Docker containers (the daemon's default runtime, runc)."""
+
+    name: str = "runc"
+    pool_allowed: bool = True
+
+    def check(self) -> None:
+        """Nothing to check before connecting: the engine reports an unreachable daemon."""
+
+    async def create(self, engine: DockerEngine, spec: ContainerSpec) -> RuntimeHost:
+        return await Container.create(engine, spec)
+
+
+RUNC = RuncRuntime()
+_registered: dict[str, Runtime] = {RUNC.name: RUNC}
+# Runtimes provided by layers above this one: importing the module registers the runtime.
+_PROVIDERS = {"gvisor": "llenvs_async.sandbox"}
+
+
+def register_runtime(runtime: Runtime) -> None:
+    """Make ``runtime`` available by its name (a later registration of a name replaces it)."""
+    _registered[runtime.name] = runtime
+
+
+def get_runtime(name: str) -> Runtime:
+    """The runtime registered as ``name`` (loading its provider if need be), else
+    ``ValueError`` naming the known ones."""
+    if name not in _registered and name in _PROVIDERS:
+        importlib.import_module(_PROVIDERS[name])
+    try:
+        return _registered[name]
+    except KeyError:
+        known = " or ".join(repr(n) for n in dict.fromkeys([*_registered, *_PROVIDERS]))
+        raise ValueError(f"runtime must be {known}, got {name!r}") from None

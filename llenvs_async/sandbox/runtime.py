@@ -1,0 +1,34 @@
+"""The ``"gvisor"`` runtime: boxes are gVisor sandboxes (``Sandbox``), registered with the
+docker layer's runtimes when this package is imported."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..docker.container import ContainerSpec
+from ..docker.engine import DockerEngine
+from ..docker.runtime import RuntimeHost, register_runtime
+from .runsc import find_runsc
+from .sandbox import Sandbox
+
+__all__ = ["GVISOR", "GvisorRuntime"]
+
+
+@dataclass(frozen=True, slots=True)
+class GvisorRuntime:
+    """gVisor sandboxes driven through ``runsc`` (root, no network); no warm pool: a pool
+    holds Docker containers."""
+
+    name: str = "gvisor"
+    pool_allowed: bool = False
+
+    def check(self) -> None:
+        """``GvisorUnavailableError`` naming what is missing (runsc, root, the platform)."""
+        find_runsc()
+
+    async def create(self, engine: DockerEngine, spec: ContainerSpec) -> RuntimeHost:
+        return await Sandbox.create(engine, spec)
+
+
+GVISOR = GvisorRuntime()
+register_runtime(GVISOR)

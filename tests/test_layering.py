@@ -1,0 +1,136 @@
+"""Layering: ``docker/`` is the host layer and ``sandbox/`` (gVisor) builds on it, never the
+reverse. Every import statement under ``llenvs_async/docker`` is checked (absolute or
+relative, top-level or function-local, under ``TYPE_CHECKING`` too). Runtimes are named
+in the docker layer's registry: ``"gvisor"`` resolves without importing sandbox first."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import llenvs_async
+from llenvs_async.docker import DockerEngine, DockerEnvironment
+from llenvs_async.docker.pool import WarmPool
+from llenvs_async.docker.runtime import RUNC, get_runtime
+from llenvs_async.errors import GvisorUnavailableError
+
+PACKAGE = Path(llenvs_async.__file__).parent
+FORBIDDEN = "llenvs_async.sandbox"
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported(path: Path, root: Path = PACKAGE.parent) -> list[tuple[int, str]]:
+    """``(line, module)`` for each module an import statement in ``path`` (a module under
+    ``root``) names, made absolute (``from X import y`` names ``X`` and ``X.y``: y may be a
+    module)."""
+    name = _module_name(path, root)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            found.append((node.lineno, module))
+            found.extend((node.lineno, f"{module}.{alias.name}") for alias in node.names)
+    return found
+
+
+def _violations(root: Path) -> list[str]:
+    found = {
+        f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}"
+        for path in sorted(root.rglob("*.py"))
+        for line, module in _imported(path)
+        if module == FORBIDDEN or module.startswith(f"{FORBIDDEN}.")
+    }
+    return sorted(found)
+
+
+def test_docker_never_imports_sandbox() -> None:
+    assert _violations(PACKAGE / "docker") == []
+
+
+@pytest.mark.parametrize(
+    ("source", "where"),
+    [
+        ("from ..sandbox.runsc import find_runsc\n", "llenvs_async.sandbox.runsc"),
+        ("from .. import sandbox\n", "llenvs_async.sandbox"),
+        ("def f():\n    import llenvs_async.sandbox.fork\n", "llenvs_async.sandbox.fork"),
+        (
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+            "    from llenvs_async.sandbox import Sandbox\n",
+            "llenvs_async.sandbox",
+        ),
+    ],
+)
+def test_the_check_sees_every_form_of_import(tmp_path: Path, source: str, where: str) -> None:
+    """The checker itself: each form is caught in a module placed as docker's would be."""
+    fake = tmp_path / "llenvs_async" / "docker"
+    fake.mkdir(parents=True)
+    (fake / "mod.py").write_text(source)
+    found = [module for _, module in _imported(fake / "mod.py", tmp_path)]
+    assert where in found
+
+
+def test_the_check_allows_what_docker_may_import(tmp_path: Path) -> None:
+    fake = tmp_path / "llenvs_async" / "docker"
+    fake.mkdir(parents=True)
+    (fake / "mod.py").write_text("from ..errors import EnvError\nfrom . import engine\n")
+    found = {module for _, module in _imported(fake / "mod.py", tmp_path)}
+    assert "llenvs_async.errors" in found and "llenvs_async.docker.engine" in found
+    assert not any(m.startswith(FORBIDDEN) for m in found)
+
+
+def test_gvisor_resolves_by_name_in_a_fresh_process() -> None:
+    """Importing the docker layer leaves sandbox unloaded; asking for ``"gvisor"`` loads it
+    and gives the runtime it registered."""
+    script = (
+        "import sys\n"
+        "from llenvs_async.docker import DockerEnvironment\n"
+        "from llenvs_async.docker.runtime import get_runtime\n"
+        "before = 'llenvs_async.sandbox' in sys.modules\n"
+        "runtime = get_runtime('gvisor')\n"
+        "from llenvs_async.sandbox import GVISOR, Sandbox\n"
+        "print(before, runtime is GVISOR, runtime.name, runtime.pool_allowed)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True", "gvisor", "False"]
+
+
+def test_an_unknown_runtime_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match=r"runtime must be 'runc' or 'gvisor', got 'kata'"):
+        get_runtime("kata")
+    with pytest.raises(ValueError, match=r"runtime must be 'runc' or 'gvisor', got 'kata'"):
+        DockerEnvironment(image="busybox", runtime="kata")
+
+
+def test_a_runtime_is_taken_by_name_or_as_an_object() -> None:
+    by_name, given = DockerEnvironment(image="busybox"), DockerEnvironment(image="b", runtime=RUNC)
+    assert by_name.runtime is RUNC and given.runtime is RUNC
+    assert given.container_runtime == "runc"
+
+
+def test_gvisor_refuses_a_warm_pool_before_looking_for_runsc() -> None:
+    pool = WarmPool(DockerEngine(), 1)
+    with pytest.raises(ValueError, match=r"warm pool holds Docker containers.*'gvisor'"):
+        DockerEnvironment(image="busybox", pool=pool, runtime="gvisor")
+
+
+def test_gvisor_without_runsc_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLENVS_RUNSC", "/nonexistent/runsc")
+    with pytest.raises(GvisorUnavailableError, match=r"runsc is not installed.*ensure-gvisor"):
+        DockerEnvironment(image="busybox", runtime="gvisor")
