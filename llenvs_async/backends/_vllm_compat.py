@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import BackendError
 from ..types import Completion, SamplingParams
+from ._vllm_orphans import marked_engine_start
 from ._weights import engine_spans
 
 __all__ = [
@@ -127,7 +128,8 @@ def build_engine(model: str, engine_kwargs: Mapping[str, Any]) -> Any:
             f"({exc}): {_INSTALL_HINT}"
         ) from exc
     try:
-        return AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **engine_kwargs))
+        with marked_engine_start():  # its processes: ours, for reap_orphan_engines
+            return AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **engine_kwargs))
     except Exception as exc:
         raise BackendError(
             f"could not start vLLM AsyncLLM for model {model!r}: {type(exc).__name__}: {exc}"

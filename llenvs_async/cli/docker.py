@@ -1,5 +1,6 @@
 """``llenvs-async images build-base|build-standins|build-busybox|build-all`` (the one way to
-build the local images) and ``llenvs-async cleanup`` (the Docker layer's tools)."""
+build the local images) and ``llenvs-async cleanup`` (ends what processes that are gone left
+behind: vLLM engine processes, containers, images, sandboxes)."""
 
 from __future__ import annotations
 
@@ -80,10 +81,17 @@ def build_all(force: Annotated[bool, _FORCE] = False) -> None:
 
 
 def cleanup() -> None:
-    """Remove containers, snapshot images, gVisor sandboxes and checkpoints left behind by
-    llenvs processes that are gone."""
+    """Remove vLLM engine processes, containers, snapshot images, gVisor sandboxes and
+    checkpoints left behind by llenvs processes that are gone."""
+    from ..backends._vllm_orphans import reap_orphan_engines
     from ..sandbox.reaper import reap_all_orphans
 
+    engines = reap_orphan_engines()  # first: needs no Docker engine
+    for p in engines:
+        console.print(
+            f"ended orphaned vLLM engine process {p.pid} ({p.name}) of gone owner {p.owner_pid}",
+            markup=False,
+        )
     reaped = run_async(reap_all_orphans)
     if not reaped.containers:
         console.print("no orphaned containers")
