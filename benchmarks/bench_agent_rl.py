@@ -11,7 +11,7 @@ environment to a saved mid-episode state by replay (reset + re-run the actions),
 fork (``SnapshotRestore``: replay once, commit, start later copies from the snapshot) and by
 gVisor fork (``SnapshotRestore(processes=True)`` under ``runtime="gvisor"``).
 
-    python benchmarks/bench_agent_rl.py [--seeds 3] [--steps 30] [--quick]
+    python benchmarks/bench_agent_rl.py [--seeds 3] [--steps N] [--estimator both] [--quick]
     python benchmarks/bench_agent_rl.py --restore [--repeats 4]
 """
 
@@ -147,6 +147,7 @@ async def restore_costs(repeats: int) -> dict[str, dict[int, float]]:
 async def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--estimator", choices=("grpo", "vine", "both"), default="both")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="the example's short config")
@@ -175,7 +176,7 @@ async def main(argv: Sequence[str] | None = None) -> None:
     if args.steps is not None:
         cfg.steps = args.steps
     cfg.eval_every = args.eval_every
-    estimators = ("grpo", "vine")
+    estimators = ("grpo", "vine") if args.estimator == "both" else (args.estimator,)
     results = await loop.run_all(estimators, list(range(args.seeds)), cfg)
     args.out.mkdir(parents=True, exist_ok=True)
     plot(results, estimators, args.out / "agent_rl.png")
