@@ -16,6 +16,7 @@ from typing import Literal
 from ..._resource import AsyncResource
 from ...docker.engine import DockerEngine
 from ...docker.pool import WarmPool
+from ...docker.runtime import get_runtime
 from ...docker.shell_task import DEFAULT_MAX_OBSERVATION_CHARS
 from ...protocols import AgentProtocol, get_protocol
 from .dataset import HarborDataset, load_local_dataset
@@ -55,7 +56,7 @@ class HarborAdapter(AsyncResource):
     ``base_image_aliases`` maps image names (``fnmatch`` patterns, e.g. ``"python:3.*"``)
     that Dockerfiles (``FROM``, ``COPY --from``) and prebuilt ``docker_image`` names use
     to images present locally; unmapped names fall back to built-in stand-ins (see
-    ``image.py``). ``build_network``: builds use the host's network (off by default,
+    ``image_names.py``). ``build_network``: builds use the host's network (off by default,
     separate from ``allow_network``); ``build_ca_bundle``: a host CA file trusted inside
     builds. ``engine``: the ``DockerEngine`` every environment uses (owned by the caller);
     by default the adapter opens one on first use (one client for all its instances).
@@ -103,17 +104,13 @@ class HarborAdapter(AsyncResource):
             )
         if provision_index_url is not None and not provision_verifier:
             raise ValueError("provision_index_url is the index of provision_verifier=True")
-        if runtime not in ("runc", "gvisor"):
-            raise ValueError(f"runtime must be 'runc' or 'gvisor', got {runtime!r}")
-        if runtime == "gvisor":
-            from ...sandbox.runsc import find_runsc
-
-            if warm_pool:
-                raise ValueError(
-                    "warm_pool holds Docker containers, not gVisor sandboxes: "
-                    "use warm_pool=0 with runtime='gvisor'"
-                )
-            find_runsc()  # GvisorUnavailableError now, naming what is missing
+        box_runtime = get_runtime(runtime)  # an unknown name: ValueError naming the known
+        if warm_pool and not box_runtime.pool_allowed:
+            raise ValueError(
+                f"warm_pool holds Docker containers, not boxes of runtime {runtime!r}: "
+                f"use warm_pool=0 with runtime={runtime!r}"
+            )
+        box_runtime.check()  # now, naming what is missing (GvisorUnavailableError)
         if isinstance(warm_pool, bool) or not isinstance(warm_pool, int) or warm_pool < 0:
             raise ValueError(f"warm_pool must be an int >= 0, got {warm_pool!r}")
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()

@@ -5,28 +5,24 @@ format, ``SUBMIT``, ``max_steps``, format errors, verify on truncation, observat
 keys) are ``ShellTaskEnvironment``'s, shared with ``DockerEnvironment``; the terminal step
 carries the verifier's reward.
 
-Time budget (``[agent].timeout_sec``): only command time counts (not the time the
-agent spends generating), each command's timeout is ``min(budget left, per-command
-cap, what the model asked for)``, and running out truncates the episode with
-``info["truncation_reason"] = "agent_timeout"``. ``state.hidden`` is a JSON-serialisable
-dict: task name and index, dataset, budget total/used/left.
+Time budget (``[agent].timeout_sec``; only command time counts): ``budget.py``.
+``state.hidden`` is a JSON-serialisable dict: task name and index, dataset, budget
+total/used/left.
 
-The episode's container, shell and sidecars: ``instance.py``; verifying it (collect
-hooks, the verifier in its own exec or container, artifacts): ``verify_flow.py``;
-multi-step tasks (a step boundary is an observation carrying the next instruction):
-``steps.py``.
+The episode's container, shell and sidecars: ``instance.py``; the engine it uses (the
+adapter's, shared): ``engine_lease.py``; verifying it (collect hooks, the verifier in its
+own exec or container, artifacts): ``verify_flow.py``; multi-step tasks (a step boundary
+is an observation carrying the next instruction): ``steps.py``.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from ...docker.container import Container
-from ...docker.engine import DockerEngine
 from ...docker.output import CommandResult
 from ...docker.shell import ShellSession
 from ...docker.shell_task import (
@@ -40,7 +36,9 @@ from ...errors import ClosedError, ContinuationPromptError, EnvError, RestoreErr
 from ...protocols import AgentProtocol
 from ...types import Action, Observation, State, StepResult
 from . import steps as multi_step
+from .budget import DEFAULT_COMMAND_TIMEOUT_SEC, CommandBudget
 from .dataset import HarborDataset
+from .engine_lease import EngineLease
 from .instance import DATASET_LABEL, HarborRuntime, Instance, start_instance
 from .task import HarborTask
 from .verifier import VerifierResult
@@ -52,16 +50,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DATASET_LABEL",
+    "DEFAULT_COMMAND_TIMEOUT_SEC",
     "HarborEnvironment",
     "HarborRuntime",
 ]
-
-DEFAULT_COMMAND_TIMEOUT_SEC = 180.0
-"""A command's time limit when the task gives no ``[agent].timeout_sec``."""
-
-
-def _positive(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
 
 
 class HarborEnvironment(ShellTaskEnvironment):
@@ -95,30 +87,18 @@ class HarborEnvironment(ShellTaskEnvironment):
             max_observation_chars=max_observation_chars,
             system_prompt=system_prompt,
         )
-        if command_timeout_sec != "task" and not _positive(command_timeout_sec):
-            raise ValueError(
-                f"command_timeout_sec is seconds > 0 or 'task', got {command_timeout_sec!r}"
-            )
-        if budget_sec != "task" and not (budget_sec is None or _positive(budget_sec)):
-            raise ValueError(
-                f"budget_sec is seconds > 0, None (unlimited) or 'task', got {budget_sec!r}"
-            )
+        self._budget = CommandBudget(command_timeout_sec, budget_sec)
         self.runtime = runtime
         self.dataset = dataset
-        self._command_timeout = command_timeout_sec
-        self._budget_override = budget_sec
-        self._engine: DockerEngine | None = None
+        self._engines = EngineLease(runtime, self)
         self._instance: Instance | None = None
         self._task: HarborTask | None = None
         self._task_index = -1
         self._workdir = "/"
-        self._budget_sec: float | None = None
-        self._used_sec = 0.0
         self._replaying = False
         self._step_index = 0
         self._step_results: list[dict[str, Any]] = []
         self._verifier: Container | None = None  # a separate verifier's, while it runs
-        self._verifying = 0  # verifications in flight (closing waits for them to let go)
 
     # -- public helpers -------------------------------------------------------------------
 
@@ -154,17 +134,12 @@ class HarborEnvironment(ShellTaskEnvironment):
     def command_timeout_sec(self) -> float:
         """One command's time limit: the one given (180 s by default), else (``"task"``)
         the task's ``[agent].timeout_sec`` (Harbor bounds its oracle by it), else 180 s."""
-        if self._command_timeout != "task":
-            return float(self._command_timeout)
-        task_limit = self._task.config.agent.timeout_sec if self._task is not None else None
-        return task_limit or DEFAULT_COMMAND_TIMEOUT_SEC
+        return self._budget.command_timeout(self._task)
 
     @property
     def budget_left_sec(self) -> float | None:
         """Seconds of command time left (``None``: no budget)."""
-        if self._budget_sec is None:
-            return None
-        return max(0.0, self._budget_sec - self._used_sec)
+        return self._budget.left
 
     def list_tasks(self) -> list[tuple[int, str]]:
         return self.dataset.list_tasks()
@@ -192,8 +167,7 @@ class HarborEnvironment(ShellTaskEnvironment):
         current = self._current
         if current is None:
             raise EnvError("reanchor_budget() needs a reset environment")
-        self._budget_sec = budget_sec
-        self._used_sec = used_sec
+        self._budget.total, self._budget.used = budget_sec, used_sec
         state = replace(
             current,
             hidden=self._hidden(),
@@ -218,13 +192,8 @@ class HarborEnvironment(ShellTaskEnvironment):
         """Run the ``[[verifier.collect]]`` hooks, then the verifier (shared: ``tests/`` uploaded
         to ``/tests`` here; separate: its own container, given the artifacts) and read the
         reward (and a log tail); artifacts are kept when the runtime has an artifacts dir."""
-        self._verifying += 1
-        try:
+        async with self._engines.held():  # closed meanwhile: its engine use ends after
             return await self._verify()
-        finally:
-            self._verifying -= 1
-            if self.closed and not self._verifying:  # closed meanwhile: its engine use ends now
-                await self._release_engine()
 
     async def _verify(self) -> VerifierResult:
         instance, task = self._require_instance(), self._require_task()
@@ -232,7 +201,7 @@ class HarborEnvironment(ShellTaskEnvironment):
             instance,
             task,
             runtime=self.runtime,
-            engine=self._get_engine,
+            engine=self._engines.get,
             cfg=multi_step.verifier_config(task, self._step_index),
             tests=multi_step.tests_dirs(task, self._step_index),
             episode_dir=self._episode_dir(),
@@ -290,7 +259,7 @@ class HarborEnvironment(ShellTaskEnvironment):
         await self._drop_container()
         instance = await start_instance(
             self.runtime,
-            await self._get_engine(),
+            await self._engines.get(),
             harbor_task,
             dataset_spec=self.dataset.spec,
             image=image,
@@ -334,11 +303,7 @@ class HarborEnvironment(ShellTaskEnvironment):
     def _restart_budget(self) -> None:
         """The budget of the current step (multi-step) or episode: the agent timeout unless
         the environment was given one."""
-        task = self._require_task()
-        timeout = multi_step.agent_timeout(task, self._step_index)
-        override = self._budget_override
-        self._budget_sec = timeout if override == "task" else override
-        self._used_sec = 0.0
+        self._budget.restart(multi_step.agent_timeout(self._require_task(), self._step_index))
 
     def _before_submit(self, step: int) -> None:
         if self._replaying:
@@ -357,19 +322,7 @@ class HarborEnvironment(ShellTaskEnvironment):
         try:
             await self._drop_container()
         finally:
-            engine, self._engine = self._engine, None
-            if engine is not None and self.runtime.engine is None:
-                await engine.aclose()
-            if not self._verifying:  # else the verification still in flight releases it
-                await self._release_engine()
-
-    async def _release_engine(self) -> None:
-        """Stop using the adapter's engine; the last environment to stop disconnects it."""
-        users = self.runtime.engine_users
-        if users is not None and id(self) in users:
-            users.discard(id(self))
-            if not users and self.runtime.engine is not None:
-                await self.runtime.engine.disconnect()
+            await self._engines.end()  # a verification still in flight releases it later
 
     # -- internals --------------------------------------------------------------------------
 
@@ -377,40 +330,23 @@ class HarborEnvironment(ShellTaskEnvironment):
         """The time budget, then ``max_steps``; never while replaying a saved prefix."""
         if self._replaying:
             return None
-        if self._budget_sec is not None and self._used_sec >= self._budget_sec:
-            return (
-                "agent_timeout",
-                f"the trajectory time budget of {self._budget_sec:g}s is used up",
-            )
-        return super()._truncation(step)
+        return self._budget.truncation() or super()._truncation(step)
 
     async def _run(self, command: str, asked: float | None = None) -> tuple[CommandResult, float]:
         """Run an agent command (``asked``: the model's own shorter limit); outside a replay
         its time is charged to the budget."""
         shell = self._require_shell()
-        timeout = capped_timeout(self.command_timeout_sec, asked)
-        assert timeout is not None
-        left = self.budget_left_sec
-        if not self._replaying and left is not None:
-            timeout = min(timeout, left)
-        started = time.monotonic()
-        result = await shell.run(command, timeout=timeout)
-        if not self._replaying and self._budget_sec is not None:
-            self._used_sec = min(self._budget_sec, self._used_sec + time.monotonic() - started)
-            if result.timed_out and left is not None and timeout >= left:
-                self._used_sec = self._budget_sec
-        return result, timeout
+        cap = capped_timeout(self.command_timeout_sec, asked)
+        assert cap is not None
+        return await self._budget.run(shell, command, cap, charged=not self._replaying)
 
     def _hidden(self) -> dict[str, Any]:
         task = self._require_task()
-        left = self.budget_left_sec
         hidden: dict[str, Any] = {
             "task_name": task.name,
             "task_index": self._task_index,
             "dataset": self.dataset.spec,
-            "budget_sec": self._budget_sec,
-            "budget_used_sec": round(self._used_sec, 6),
-            "budget_left_sec": None if left is None else round(left, 6),
+            **self._budget.hidden(),
         }
         if task.steps:
             hidden["step_index"] = self._step_index
@@ -427,15 +363,6 @@ class HarborEnvironment(ShellTaskEnvironment):
             f"command at a time and read its output; when the task is done, submit "
             f"({self.submit_keyword})."
         )
-
-    async def _get_engine(self) -> DockerEngine:
-        if self.runtime.engine is not None:  # the adapter's: connected on first use
-            if self.runtime.engine_users is not None:
-                self.runtime.engine_users.add(id(self))
-            return await self.runtime.engine.connect()
-        if self._engine is None:
-            self._engine = await DockerEngine(self.runtime.docker_url).connect()
-        return self._engine
 
     def _track_verifier(self, container: Container | None) -> None:
         if container is not None and self.closed:

@@ -1,33 +1,35 @@
 """Task images: each task's ``environment/`` built once, tagged by a hash of its content.
 
-No registry is ever contacted. Every image a Dockerfile names (``FROM``, ``COPY --from=``,
-``ARG``-expanded) or a task's prebuilt ``docker_image`` resolves to a LOCAL image, in order:
-the user's aliases (``fnmatch`` patterns, on the name as written or normalised), the
-normalised name itself when present (``docker.io/library/``, ``public.ecr.aws/docker/library/``
-and ``@sha256:`` digests dropped, ``:latest`` added), then the built-in stand-ins
-(``debian:*``, ``ubuntu:*`` -> our bookworm base, ``python:3*`` -> bookworm + python3/pip;
-see ``STANDIN_PATTERNS``). Each substitution is logged as a warning. A name that resolves
-to nothing is an ``ImageError`` naming it and saying how to map it, before any build starts.
-The tag is ``llenvs-harbor/<task>:<content-hash>``, so an unchanged task is never rebuilt.
+No registry is ever contacted: every image a Dockerfile or a task names resolves to a local
+one (``image_names.py``), each substitution logged as a warning, and a name that resolves to
+nothing is an ``ImageError`` naming it and saying how to map it, before any build starts.
+The Dockerfile is rewritten to those images and tarred with its context
+(``dockerfile.py``); the tag is ``llenvs-harbor/<task>:<content-hash>``, so an unchanged
+task is never rebuilt.
 """
 
 from __future__ import annotations
 
 import asyncio
-import fnmatch
 import functools
-import hashlib
-import io
 import logging
 import re
-import tarfile
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ...docker.engine import DockerEngine
-from ...docker.images import STANDIN_PATTERNS, STANDIN_PYTHON, build_image, tag_slug
+from ...docker.images import STANDIN_PYTHON, build_image, tag_slug
 from ...errors import ImageError
+from .dockerfile import (
+    CA_BUNDLE_PATH,
+    ImageUse,
+    context_tar,
+    image_uses,
+    rewrite_from_lines,
+    rewrite_images,
+)
+from .image_names import ImageResolver, normalise_image_ref, parse_alias
 from .provision import VerifierProvision, detect_provision, provision_dockerfile, provision_hint
 from .task import HarborTask
 
@@ -44,27 +46,7 @@ __all__ = [
 ]
 
 TASK_IMAGE_LABEL = "llenvs.harbor.task"
-CA_BUNDLE_PATH = "/usr/local/share/ca-certificates/llenvs-build-ca.crt"
-_CA_CONTEXT_NAME = ".llenvs-build-ca.crt"
 _log = logging.getLogger("llenvs_async.harbor")
-_FROM_RE = re.compile(
-    r"^(\s*FROM\s+(?:--platform=\S+\s+)?)(\S+)(.*)$", re.IGNORECASE | re.MULTILINE
-)
-_ARG_RE = re.compile(r"^\s*ARG\s+([A-Za-z_][A-Za-z0-9_]*)(?:=(\S*))?\s*$", re.IGNORECASE)
-_STAGE_RE = re.compile(r"\s+AS\s+(\S+)\s*$", re.IGNORECASE)
-_COPY_FROM_RE = re.compile(r"^(\s*(?:COPY|ADD)\s+(?:--\S+\s+)*?--from=)(\S+)", re.IGNORECASE)
-_VAR_RE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
-_DOCKER_HUB_PREFIXES = (
-    "docker.io/library/",
-    "index.docker.io/library/",
-    "registry-1.docker.io/library/",
-    "public.ecr.aws/docker/library/",
-    "mirror.gcr.io/library/",
-    "docker.io/",
-    "index.docker.io/",
-    "registry-1.docker.io/",
-    "library/",
-)
 _PYTHON_TAG_RE = re.compile(r"^python:(3\.\d+)")
 _CERT_HINTS = re.compile(
     r"CERTIFICATE_VERIFY_FAILED|certificate verify failed|self[- ]signed certificate|"
@@ -80,47 +62,6 @@ _NETWORK_HINTS = re.compile(
 )
 
 
-def normalise_image_ref(ref: str) -> str:
-    """``repository:tag`` of an image reference: registry prefix of Docker Hub's official
-    images and any ``@sha256:`` digest dropped, ``:latest`` when no tag is given."""
-    name = ref.split("@", 1)[0]
-    lowered = name.lower()
-    for prefix in _DOCKER_HUB_PREFIXES:
-        if lowered.startswith(prefix):
-            name = name[len(prefix) :]
-            break
-    last = name.rsplit("/", 1)[-1]
-    return name if ":" in last else f"{name}:latest"
-
-
-def parse_alias(text: str) -> tuple[str, str]:
-    """``"PATTERN=IMAGE"`` (the CLI's ``--base-image``) -> ``(PATTERN, IMAGE)``."""
-    pattern, sep, image = text.partition("=")
-    if not sep or not pattern.strip() or not image.strip():
-        raise ValueError(
-            f"a base-image alias is PATTERN=IMAGE (e.g. 'python:3.*=myimg'), got {text!r}"
-        )
-    return pattern.strip(), image.strip()
-
-
-def _matches(pattern: str, ref: str) -> bool:
-    return fnmatch.fnmatchcase(ref, pattern) or fnmatch.fnmatchcase(
-        normalise_image_ref(ref), pattern
-    )
-
-
-def rewrite_from_lines(dockerfile: str, aliases: Mapping[str, str]) -> str:
-    """Replace base images matched by ``aliases`` (exact names or patterns) on ``FROM`` lines."""
-    if not aliases:
-        return dockerfile
-
-    def sub(match: re.Match[str]) -> str:
-        image = next((v for k, v in aliases.items() if _matches(k, match[2])), match[2])
-        return f"{match[1]}{image}{match[3]}"
-
-    return _FROM_RE.sub(sub, dockerfile)
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BuildSettings:
     """How task images are built: ``network`` (the host's network, off by default; apt/pip
@@ -133,156 +74,6 @@ class BuildSettings:
     """Provision what a recognised uv/uvx or pip ``test.sh`` fetches (``provision.py``)."""
     provision_index_url: str | None = None
     """The package index provisioning downloads from; ``None``: pip's and uv's default."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Use:
-    """One image a Dockerfile names, where, and what it resolved to."""
-
-    written: str
-    line: int
-    image: str
-    kind: str
-
-
-class ImageResolver:
-    """Maps the image names tasks use to local images (see the module docstring)."""
-
-    def __init__(self, aliases: Mapping[str, str] | Sequence[tuple[str, str]] = ()) -> None:
-        pairs = list(aliases.items()) if isinstance(aliases, Mapping) else list(aliases)
-        self.aliases: tuple[tuple[str, str], ...] = tuple(pairs)
-        self._local: dict[str, bool] = {}
-
-    async def _present(self, engine: DockerEngine, ref: str) -> bool:
-        if ref not in self._local:
-            self._local[ref] = await engine.inspect_image(ref) is not None
-        return self._local[ref]
-
-    async def resolve(self, engine: DockerEngine, ref: str) -> str | None:
-        """The local image for ``ref``, or ``None`` when nothing matches locally."""
-        for pattern, image in self.aliases:
-            if _matches(pattern, ref):
-                return image
-        if await self._present(engine, ref):
-            return ref
-        normal = normalise_image_ref(ref)
-        if await self._present(engine, normal):
-            return normal
-        for pattern, image in STANDIN_PATTERNS:
-            if fnmatch.fnmatchcase(normal, pattern) and await self._present(engine, image):
-                return image
-        return None
-
-    def how_to_map(self, ref: str) -> str:
-        normal = normalise_image_ref(ref)
-        standin = next(
-            (img for pat, img in STANDIN_PATTERNS if fnmatch.fnmatchcase(normal, pat)), None
-        )
-        hint = (
-            f"build its stand-in {standin} (Python {STANDIN_PYTHON[standin]}) with "
-            "`llenvs-async images build-standins`, or "
-            if standin
-            else ""
-        )
-        return (
-            f"no registry is reachable: {hint}map it to a local image with "
-            f"--base-image '{normal}=IMAGE' (HarborAdapter(base_image_aliases={{'{normal}': "
-            "IMAGE}), patterns such as 'python:3.*' allowed)"
-        )
-
-
-def _expand(text: str, args: Mapping[str, str]) -> str:
-    def sub(match: re.Match[str]) -> str:
-        name = match[1] or match[3]
-        value = args.get(name, "")
-        return value or (match[2] or "")
-
-    return _VAR_RE.sub(sub, text)
-
-
-def _image_uses(dockerfile: str) -> list[tuple[int, str, str]]:
-    """``(line index, kind, image as written after ARG expansion)`` for every external image
-    (``FROM``/``COPY --from``; stage names, stage indices and ``scratch`` excluded)."""
-    args: dict[str, str] = {}
-    stages: set[str] = set()
-    uses: list[tuple[int, str, str]] = []
-    seen_from = False
-    for index, line in enumerate(dockerfile.split("\n")):
-        if (arg := _ARG_RE.match(line)) and not seen_from:
-            args[arg[1]] = arg[2] or ""
-        elif from_match := _FROM_RE.match(line):
-            seen_from = True
-            image = _expand(from_match[2], args)
-            if image.lower() not in stages and image.lower() != "scratch":
-                uses.append((index, "FROM", image))
-            if stage := _STAGE_RE.search(from_match[3]):
-                stages.add(stage[1].lower())
-        elif copy := _COPY_FROM_RE.match(line):
-            source = _expand(copy[2], args)
-            if source.lower() not in stages and not source.isdigit():
-                uses.append((index, "COPY --from", source))
-    return uses
-
-
-def _rewrite(dockerfile: str, uses: Sequence[_Use], ca_bundle: bool) -> str:
-    lines = dockerfile.split("\n")
-    by_line = {use.line: use for use in uses}
-    out: list[str] = []
-    for index, line in enumerate(lines):
-        use = by_line.get(index)
-        if use is not None:
-            if from_match := _FROM_RE.match(line):
-                line = f"{from_match[1]}{use.image}{from_match[3]}"
-            elif copy := _COPY_FROM_RE.match(line):
-                line = f"{copy[1]}{use.image}{line[copy.end() :]}"
-        out.append(line)
-        if ca_bundle and _FROM_RE.match(line):
-            out.append(f"COPY {_CA_CONTEXT_NAME} {CA_BUNDLE_PATH}")
-            variables = ("SSL_CERT_FILE", "PIP_CERT", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
-            out.append("ENV " + " ".join(f"{var}={CA_BUNDLE_PATH}" for var in variables))
-    return "\n".join(out)
-
-
-def context_tar(
-    task: HarborTask,
-    dockerfile: str | Mapping[str, str],
-    ca_bundle: Path | None = None,
-    *,
-    root: Path | None = None,
-    dockerfile_name: str = "Dockerfile",
-) -> tuple[bytes, str]:
-    """The build context (``root``, default ``environment/``, with ``dockerfile`` as its
-    ``dockerfile_name``, or the task's own rewritten through an alias mapping) as tar bytes,
-    and its hash over paths, executable bits and contents (never mtimes)."""
-    if not isinstance(dockerfile, str):
-        assert task.dockerfile is not None
-        dockerfile = rewrite_from_lines(task.dockerfile.read_text(encoding="utf-8"), dockerfile)
-    root = root or task.environment_dir
-    digest = hashlib.sha256()
-    buf = io.BytesIO()
-
-    def add_file(rel: str, data: bytes, info: tarfile.TarInfo) -> None:
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-        digest.update(f"F {rel} {info.mode & 0o111:o} {len(data)}\n".encode())
-        digest.update(data)
-
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for path in sorted(root.rglob("*")):
-            rel = path.relative_to(root).as_posix()
-            info = tar.gettarinfo(str(path), arcname=rel)
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            info.mtime = 0
-            if path.is_file() and not path.is_symlink():
-                data = dockerfile.encode("utf-8") if rel == dockerfile_name else path.read_bytes()
-                add_file(rel, data, info)
-            else:
-                tar.addfile(info)
-                digest.update(f"{info.type.decode()} {rel} {info.linkname}\n".encode())
-        if ca_bundle is not None:
-            add_file(_CA_CONTEXT_NAME, ca_bundle.read_bytes(), tarfile.TarInfo(_CA_CONTEXT_NAME))
-    return buf.getvalue(), digest.hexdigest()[:16]
 
 
 class TaskImages:
@@ -401,7 +192,7 @@ class TaskImages:
             index_url = self.build.provision_index_url
             dockerfile = provision_dockerfile(dockerfile, provided, index_url=index_url)
         uses = []
-        for index, kind, written in _image_uses(dockerfile):
+        for index, kind, written in image_uses(dockerfile):
             image = await self.resolver.resolve(engine, written)
             if image is None:
                 where = f"{kind} on line {index + 1} of {dockerfile_path}"
@@ -410,8 +201,8 @@ class TaskImages:
                     f"{self.resolver.how_to_map(written)}"
                 )
             self._warn(task, written, image)
-            uses.append(_Use(written=written, line=index, image=image, kind=kind))
-        text = _rewrite(dockerfile, uses, self.build.ca_bundle is not None)
+            uses.append(ImageUse(written=written, line=index, image=image, kind=kind))
+        text = rewrite_images(dockerfile, uses, self.build.ca_bundle is not None)
         context, content_hash = await asyncio.to_thread(
             functools.partial(
                 context_tar,
@@ -482,7 +273,7 @@ class TaskImages:
         self.builds += 1
 
     def _diagnose(
-        self, log: Sequence[str], *, provided: VerifierProvision | None, base: _Use | None
+        self, log: Sequence[str], *, provided: VerifierProvision | None, base: ImageUse | None
     ) -> str | None:
         """Hints for a failed build's whole log: a failed provisioning step (``provided``;
         ``base``: the final stage's ``FROM``), no network, an untrusted TLS proxy."""

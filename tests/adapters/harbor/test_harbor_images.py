@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from llenvs_async.adapters.harbor import HarborAdapter, normalise_image_ref
+from llenvs_async.adapters.harbor.dockerfile import image_uses as _image_uses
 from llenvs_async.adapters.harbor.image import (
     CA_BUNDLE_PATH,
     ImageResolver,
-    _image_uses,
     parse_alias,
     rewrite_from_lines,
 )
