@@ -19,6 +19,7 @@ from llenvs_async.adapters.harbor import (
 )
 from llenvs_async.docker.engine import DockerEngine
 from llenvs_async.docker.fork import SNAPSHOT_REPO
+from llenvs_async.docker.ownership import current_owner
 from llenvs_async.docker.pool import POOL_LABEL
 from llenvs_async.policies import fenced
 
@@ -73,7 +74,8 @@ async def test_resets_take_warm_containers_and_rewards_hold(
         second = await runner.run_batch([TASK] * 2, batch_size=2)
     assert all(t.success for t in (*first, *second))
     assert adapter.pool.hits >= 2  # the second batch took warm containers
-    pooled = await docker_engine.list_containers({POOL_LABEL: "warm"})
+    mine = {POOL_LABEL: "warm", **current_owner().labels}  # not another process's pool
+    pooled = await docker_engine.list_containers(mine)
     assert len(pooled) == 2  # kept ready, bounded by warm_pool
     await adapter.aclose()
     assert await harbor_containers(docker_engine) == []  # closing the adapter removes them
@@ -119,7 +121,7 @@ async def test_forks_from_a_snapshot_neither_take_nor_refill_the_warm_pool(
     assert restore.stats.snapshots == 1 and restore.stats.forks == 2
     assert warm.adapter.pool is not None
     await warm.adapter.pool.settle()
-    pooled = await docker_engine.list_containers({POOL_LABEL: "warm"})
+    pooled = await docker_engine.list_containers({POOL_LABEL: "warm", **current_owner().labels})
     assert len(restore.images) == 1 and restore.images[0].startswith(SNAPSHOT_REPO)
     assert pooled and not [c for c in pooled if c["Image"].startswith(SNAPSHOT_REPO)]
     await restore.aclose()  # nothing pins a snapshot image: its removal succeeds
