@@ -159,6 +159,7 @@ async def test_no_idle_timeout_never_reaps(openenv: Any) -> None:
             assert env.aclose_calls == 0 and not env.closed
             result = await client.step({"text": "right"})
             assert result.observation["data"]["position"] == 1
+        await closed(env)  # the server ends it once it sees the client leave (async)
         assert env.aclose_calls == 1  # closed when its client left, not before
 
 
