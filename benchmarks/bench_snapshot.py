@@ -28,6 +28,7 @@ from llenvs_async import (
     State,
     TrajectoryRunner,
 )
+from llenvs_async._ownership import current_owner
 from llenvs_async.adapters.harbor import (
     HarborAdapter,
     HarborEnvironment,
@@ -35,7 +36,6 @@ from llenvs_async.adapters.harbor import (
     harbor_restore,
 )
 from llenvs_async.docker import Container, ContainerSpec, DockerEngine, ensure_base_image
-from llenvs_async.docker.ownership import current_owner
 from llenvs_async.docker.snapshots import list_snapshot_images, remove_image
 from llenvs_async.policies import fenced
 from llenvs_async.sandbox import Sandbox, find_runsc, remove_own_sandboxes_sync

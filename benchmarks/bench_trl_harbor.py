@@ -25,8 +25,8 @@ from typing import Any
 
 from llenvs_async.adapters.harbor import load_task
 from llenvs_async.adapters.harbor.image import TASK_IMAGE_LABEL
+from llenvs_async.docker import OWNER_LABEL
 from llenvs_async.docker.engine import DockerEngine
-from llenvs_async.docker.ownership import OWNER_LABEL
 from llenvs_async.integrations.trl_env import TRLHarborEnvironments
 
 from ._common import Result, Target, bench_main, make_result, table

@@ -127,8 +127,8 @@ async def _harbor(
     stack: contextlib.AsyncExitStack, tasks_dir: Path, epsilon: float
 ) -> tuple[Environment, Any, RestoreFn | None, Any]:
     from llenvs_async.adapters.harbor import HarborAdapter, harbor_oracle, harbor_restore
+    from llenvs_async.docker import SESSION_LABEL
     from llenvs_async.docker.engine import DockerEngine
-    from llenvs_async.docker.ownership import SESSION_LABEL
 
     engine = await stack.enter_async_context(DockerEngine())
 

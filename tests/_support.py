@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from llenvs_async._ownership import OWNER_LABEL
 from llenvs_async.docker.engine import DockerEngine
 from llenvs_async.docker.images import BASE_IMAGE, ensure_base_image
-from llenvs_async.docker.ownership import OWNER_LABEL
 from llenvs_async.errors import DockerUnavailableError
 
 

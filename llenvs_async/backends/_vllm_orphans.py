@@ -2,12 +2,13 @@
 
 vLLM's engine core (``VLLM::EngineCore``) and its workers are spawned children that
 never watch their parent: an owner killed by SIGKILL or the OOM killer leaves them
-running, re-parented to init. ``marked_engine_start`` puts ``LLENVS_VLLM_OWNER``
-(the owner's pid, its start ticks and PID namespace) in the environment they inherit
+running, re-parented to init. ``marked_engine_start`` puts ``LLENVS_VLLM_OWNER`` (the
+owner as container labels name one: ``Owner.marker``) in the environment they inherit
 (``SPT_NOENV`` keeps vLLM's process title from overwriting it in ``/proc/<pid>/environ``);
 ``reap_orphan_engines`` reads it back from ``/proc`` and ends every marked process whose
-owner is provably gone. Only spawned children carry the mark (vLLM's CPU platform and an
-initialised CUDA always spawn; ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` forces it elsewhere).
+owner is gone by the reapers' one rule (``owner_gone``). Only spawned children carry the
+mark (vLLM's CPU platform and an initialised CUDA always spawn;
+``VLLM_WORKER_MULTIPROC_METHOD=spawn`` forces it elsewhere).
 """
 
 from __future__ import annotations
@@ -20,13 +21,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-__all__ = [
-    "OWNER_ENV",
-    "ReapedProcess",
-    "owner_gone",
-    "marked_engine_start",
-    "reap_orphan_engines",
-]
+from .._ownership import Owner, current_owner, owner_gone, process_stat
+
+__all__ = ["OWNER_ENV", "ReapedProcess", "marked_engine_start", "reap_orphan_engines"]
 
 OWNER_ENV = "LLENVS_VLLM_OWNER"
 _NOENV = "SPT_NOENV"
@@ -49,29 +46,6 @@ class ReapedProcess:
     name: str
 
 
-def _stat(pid: int, proc: str = _PROC) -> tuple[str, str] | None:
-    """``(state, start ticks)`` of ``pid``; ``None`` when it does not exist."""
-    try:
-        with open(f"{proc}/{pid}/stat", encoding="ascii", errors="replace") as f:
-            fields = f.read().rpartition(")")[2].split()
-    except OSError:
-        return None
-    return (fields[0], fields[19]) if len(fields) > 19 else None
-
-
-def _pidns(proc: str = _PROC) -> str:
-    try:
-        return os.readlink(f"{proc}/self/ns/pid")
-    except OSError:
-        return ""
-
-
-def _marker() -> str:
-    pid = os.getpid()
-    stat = _stat(pid)
-    return f"{pid}:{stat[1] if stat else ''}:{_pidns()}"
-
-
 @contextlib.contextmanager
 def marked_engine_start() -> Iterator[None]:
     """Mark the processes started inside as this process's (``LLENVS_VLLM_OWNER``); the
@@ -80,7 +54,7 @@ def marked_engine_start() -> Iterator[None]:
     with _lock:
         if _depth == 0:
             _saved.update({key: os.environ.get(key) for key in (OWNER_ENV, _NOENV)})
-            os.environ[OWNER_ENV] = _marker()
+            os.environ[OWNER_ENV] = current_owner().marker
             os.environ.setdefault(_NOENV, "1")
         _depth += 1
     try:
@@ -97,22 +71,7 @@ def marked_engine_start() -> Iterator[None]:
                 _saved.clear()
 
 
-def owner_gone(marker: str, *, proc: str = _PROC, force: bool = False) -> bool | None:
-    """Whether the owner ``marker`` names (``pid:start:pidns``) is provably gone: no such
-    pid, a zombie, or a pid reused by a process that started at another tick. ``None`` for
-    a malformed marker. An owner in another PID namespace cannot be checked: gone only
-    with ``force``."""
-    pid, _, rest = marker.partition(":")
-    start, _, pidns = rest.partition(":")
-    if not pid.isdigit() or not start.isdigit():
-        return None
-    if pidns and pidns != _pidns(proc):
-        return force
-    stat = _stat(int(pid), proc)
-    return stat is None or stat[0] == "Z" or stat[1] != start
-
-
-def _owner_marker(pid: int) -> str | None:
+def _owner(pid: int) -> Owner | None:
     try:
         with open(f"{_PROC}/{pid}/environ", "rb") as f:
             environ = f.read()
@@ -121,7 +80,7 @@ def _owner_marker(pid: int) -> str | None:
     prefix = f"{OWNER_ENV}=".encode()
     for entry in environ.split(b"\0"):
         if entry.startswith(prefix):
-            return entry[len(prefix) :].decode("ascii", "replace")
+            return Owner.from_marker(entry[len(prefix) :].decode("ascii", "replace"))
     return None
 
 
@@ -142,19 +101,18 @@ def _orphans(force: bool) -> list[tuple[ReapedProcess, str]]:
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         pid = int(entry)
-        marker = _owner_marker(pid)
-        stat = _stat(pid)
-        if marker is None or stat is None or stat[0] == "Z":
+        owner = _owner(pid)
+        stat = process_stat(pid)
+        if owner is None or stat is None or stat[0] == "Z":
             continue
-        if owner_gone(marker, force=force):
-            owner_pid = int(marker.partition(":")[0])
-            reaped = ReapedProcess(pid=pid, owner_pid=owner_pid, name=_name(pid))
+        if owner_gone(owner, force=force):
+            reaped = ReapedProcess(pid=pid, owner_pid=owner.pid, name=_name(pid))
             found.append((reaped, stat[1]))
     return found
 
 
 def _running(pid: int, start: str) -> bool:
-    stat = _stat(pid)
+    stat = process_stat(pid)
     return stat is not None and stat[0] != "Z" and stat[1] == start
 
 

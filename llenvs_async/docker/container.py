@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import aiodocker
 import aiohttp
 
+from .._ownership import OWNER_LABELS, SESSION_LABEL
 from .._resource import AsyncResource
 from .._shield import shielded
 from ..errors import ClosedError, ContainerError, LlenvsError
@@ -30,7 +31,6 @@ from ._exec_common import (
 from .container_spec import DEFAULT_CAP_DROP, ContainerSpec
 from .engine import DockerEngine, translate_errors
 from .output import DEFAULT_MAX_OUTPUT_BYTES, CappedOutput, CommandResult
-from .ownership import OWNER_LABELS, SESSION_LABEL
 from .reaper import register_backstop, remove_container_sync
 from .shell import ShellChannel, ShellKind, ShellSession
 

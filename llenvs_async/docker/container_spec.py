@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from .ownership import OWNER_LABELS, SESSION_LABEL
+from .._ownership import OWNER_LABELS, SESSION_LABEL
 
 __all__ = ["DEFAULT_CAP_DROP", "ContainerSpec"]
 

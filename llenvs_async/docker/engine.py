@@ -13,8 +13,8 @@ from typing import Any
 import aiodocker
 import aiohttp
 
+from .._ownership import current_owner, new_session_id, owner_labels
 from ..errors import ClosedError, ContainerError, DockerUnavailableError, ImageError
-from .ownership import current_owner, new_session_id, owner_labels
 
 __all__ = ["DockerEngine", "split_image_ref", "translate_errors"]
 

@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar
 
+from .._ownership import new_session_id
 from .._resource import AsyncResource
 from .._shield import shielded
 from ..env import Environment
@@ -45,7 +46,6 @@ from ..types import Action, State
 from .container import Container
 from .engine import DockerEngine
 from .images import tag_slug
-from .ownership import new_session_id
 from .runtime import ForkPoint, ProcessFork
 from .shell import ShellSession
 from .shell_host import ShellHost, ShellState, apply_shell_state, capture_shell_state, run_probe

@@ -17,16 +17,15 @@ import urllib.parse
 from dataclasses import dataclass
 
 from .._backstop import register_removal
-from .engine import DockerEngine
-from .ownership import (
+from .._ownership import (
     OWNER_LABEL,
     SESSION_LABEL,
     Owner,
-    checkable,
     current_owner,
     owner_filters,
-    process_alive,
+    owner_gone,
 )
+from .engine import DockerEngine
 
 __all__ = [
     "ReapedContainer",
@@ -141,7 +140,7 @@ async def reap_orphans(
         owner = Owner.from_labels(labels)
         if owner is None:
             continue
-        if process_alive(owner) if checkable(owner) else not force:
+        if not owner_gone(owner, force=force):
             continue
         names = item.get("Names") or [""]
         orphans.append(

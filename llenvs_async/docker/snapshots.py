@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._backstop import register_removal
+from .._ownership import OWNER_LABEL, OWNER_START_LABEL, Owner, current_owner, process_alive
 from ..errors import ContainerError
 from .engine import DockerEngine, translate_errors
-from .ownership import OWNER_LABEL, OWNER_START_LABEL, Owner, current_owner, process_alive
 from .reaper import _request, register_backstop
 
 __all__ = [

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from .._backstop import register_removal
+from .._ownership import SESSION_LABEL, Owner, current_owner, owner_gone
 from ..docker.engine import DockerEngine
-from ..docker.ownership import SESSION_LABEL, Owner, checkable, current_owner, process_alive
 from ..docker.reaper import ReapedContainer, reap_orphans
 from ..docker.snapshots import ReapedImage, reap_orphan_snapshots
 from ..errors import GvisorUnavailableError
@@ -169,7 +169,7 @@ def _orphaned(labels: Mapping[str, str], force: bool) -> bool:
     owner = Owner.from_labels(labels)
     if owner is None:
         return False
-    return not (process_alive(owner) if checkable(owner) else not force)
+    return owner_gone(owner, force=force)
 
 
 def reap_orphan_sandboxes(

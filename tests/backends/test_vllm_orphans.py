@@ -16,48 +16,19 @@ from pathlib import Path
 
 import pytest
 
+from llenvs_async._ownership import Owner, current_owner
 from llenvs_async.backends import _vllm_orphans
-from llenvs_async.backends._vllm_orphans import (
-    OWNER_ENV,
-    marked_engine_start,
-    owner_gone,
-    reap_orphan_engines,
-)
+from llenvs_async.backends._vllm_orphans import OWNER_ENV, marked_engine_start, reap_orphan_engines
 
 STARTUP_TIMEOUT = 240.0  # seconds for the owner to load the tiny model
-NS = "pid:[4026531836]"
 
 
-def fake_proc(root: Path, *, ns: str = NS, **stats: tuple[str, int]) -> str:
-    """A /proc with ``self/ns/pid`` -> ``ns`` and one ``<pid>/stat`` per ``pid=(state, start)``."""
-    (root / "self" / "ns").mkdir(parents=True)
-    (root / "self" / "ns" / "pid").symlink_to(ns)
-    for pid, (state, start) in stats.items():
-        (root / pid.removeprefix("p")).mkdir()
-        rest = " ".join([state, *(["0"] * 18), str(start), "0"])
-        (root / pid.removeprefix("p") / "stat").write_text(f"{pid} (py thon) {rest}\n")
-    return str(root)
-
-
-def test_owner_rule_on_fake_proc(tmp_path: Path) -> None:
-    proc = fake_proc(tmp_path, p10=("S", 500), p11=("Z", 600))
-    assert owner_gone(f"10:500:{NS}", proc=proc) is False  # alive, same start
-    assert owner_gone("10:500:", proc=proc) is False  # namespace not recorded: checked here
-    assert owner_gone(f"10:499:{NS}", proc=proc) is True  # pid reused by a later process
-    assert owner_gone(f"11:600:{NS}", proc=proc) is True  # a zombie is gone
-    assert owner_gone(f"12:700:{NS}", proc=proc) is True  # no such pid
-    assert owner_gone("12:700:pid:[1]", proc=proc) is False  # another namespace: cannot tell
-    assert owner_gone("12:700:pid:[1]", proc=proc, force=True) is True
-    assert owner_gone("ten:500:", proc=proc) is None
-    assert owner_gone("10::", proc=proc) is None
-
-
-def start_ticks(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
-
-
-def own_ns() -> str:
-    return os.readlink("/proc/self/ns/pid")
+def owner_of(pid: int, **fields: str) -> Owner:
+    """``pid`` as an owner (``fields`` overriding what ``current_owner`` records)."""
+    here = current_owner()
+    start = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
+    values = {"host": here.host, "start": start, "boot": here.boot, "pidns": here.pidns}
+    return Owner(pid=pid, **{**values, **fields})
 
 
 def marked(marker: str, *, ignore_term: bool = False) -> subprocess.Popen[str]:
@@ -94,13 +65,13 @@ def test_reaps_processes_of_a_gone_owner_and_spares_a_live_one(
     owner = subprocess.Popen(
         [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
     )
-    dead = f"{owner.pid}:{start_ticks(owner.pid)}:{own_ns()}"
+    dead = owner_of(owner.pid).marker
     assert owner.stdin is not None
     owner.stdin.close()
     owner.wait(timeout=10)
-    mine = f"{os.getpid()}:{start_ticks(os.getpid())}:{own_ns()}"
-    reused = f"{os.getpid()}:{int(start_ticks(os.getpid())) - 1}:{own_ns()}"
-    orphan, live, recycled = marked(dead), marked(mine), marked(reused)
+    mine = owner_of(os.getpid())
+    reused = owner_of(os.getpid(), start=str(int(mine.start) - 1)).marker
+    orphan, live, recycled = marked(dead), marked(mine.marker), marked(reused)
     processes.extend([orphan, live, recycled])
 
     reaped = {p.pid: p for p in reap_orphan_engines()}
@@ -117,7 +88,8 @@ def test_a_process_that_ignores_sigterm_is_killed_after_the_bounded_wait(
     processes: list[subprocess.Popen[str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_vllm_orphans, "_TERM_WAIT", 0.5)
-    stubborn = marked("1:1:pid:[0]", ignore_term=True)  # another namespace: needs force
+    elsewhere = owner_of(os.getpid(), pidns="1")  # another namespace: needs force
+    stubborn = marked(elsewhere.marker, ignore_term=True)
     processes.append(stubborn)
     assert stubborn.pid not in {p.pid for p in reap_orphan_engines()}
     assert stubborn.poll() is None
@@ -129,7 +101,7 @@ def test_marking_is_undone_after_start_up(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.delenv(OWNER_ENV, raising=False)
     monkeypatch.setenv("SPT_NOENV", "kept")
     with marked_engine_start(), marked_engine_start():
-        assert os.environ[OWNER_ENV] == f"{os.getpid()}:{start_ticks(os.getpid())}:{own_ns()}"
+        assert Owner.from_marker(os.environ[OWNER_ENV]) == current_owner()
         assert os.environ["SPT_NOENV"] == "kept"
     assert OWNER_ENV not in os.environ and os.environ["SPT_NOENV"] == "kept"
 
@@ -170,7 +142,10 @@ def engines_of(owner: int) -> dict[int, str]:
             title = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[0].decode()
         except (OSError, ValueError, IndexError):
             continue
-        if f"{OWNER_ENV}={owner}:".encode() in environ and state != "Z":
+        prefix = f"{OWNER_ENV}=".encode()
+        marks = [e[len(prefix) :].decode() for e in environ.split(b"\0") if e.startswith(prefix)]
+        marked_by = Owner.from_marker(marks[0]) if marks else None
+        if marked_by is not None and marked_by.pid == owner and state != "Z":
             found[int(entry)] = title
     return found
 

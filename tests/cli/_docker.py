@@ -11,8 +11,8 @@ import pytest
 
 
 async def _containers(owner: str | None) -> list[str]:
+    from llenvs_async._ownership import OWNER_LABEL
     from llenvs_async.docker.engine import DockerEngine
-    from llenvs_async.docker.ownership import OWNER_LABEL
 
     async with DockerEngine() as engine:
         found = await engine.list_containers({OWNER_LABEL: owner})

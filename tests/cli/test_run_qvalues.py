@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from llenvs_async._ownership import current_owner
 from llenvs_async.cli import _sources
 from llenvs_async.cli._options import ScheduleKind
 from llenvs_async.cli._results import load_results
-from llenvs_async.docker.ownership import current_owner
 from llenvs_async.docker.snapshots import SNAPSHOT_OWNER_LABEL
 from llenvs_async.envs import CounterEnv
 from llenvs_async.runner._lockstep import SCHEDULES

@@ -95,7 +95,7 @@ async def docker_engine() -> AsyncIterator[Any]:
 
 async def containers_of(engine: Any, host: str, pids: set[int]) -> list[str]:
     """Ids of the containers created by processes ``pids`` on ``host`` (actor workers)."""
-    from llenvs_async.docker.ownership import OWNER_LABEL
+    from llenvs_async._ownership import OWNER_LABEL
 
     found = []
     for pid in sorted(pids):

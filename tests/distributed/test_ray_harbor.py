@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from llenvs_async import ScriptedBackend, TrajectoryRunner
+from llenvs_async._ownership import Owner, checkable, process_alive
 from llenvs_async.adapters.harbor import HarborAdapter, harbor_restore
-from llenvs_async.docker.ownership import Owner, checkable, process_alive
 from llenvs_async.policies import shell_reply
 from llenvs_async.types import GenerationRequest, SamplingParams, State
 
@@ -247,8 +247,8 @@ async def test_cancelling_a_run_removes_every_actor_and_container(
 async def test_a_killed_driver_leaves_no_actor_and_cleanup_removes_its_containers(
     ray_cluster: Any, docker_engine: Any
 ) -> None:
+    from llenvs_async._ownership import SESSION_LABEL
     from llenvs_async.docker import reap_orphans
-    from llenvs_async.docker.ownership import SESSION_LABEL
 
     await saved_states()  # builds the task images once, here
     proc = await asyncio.create_subprocess_exec(

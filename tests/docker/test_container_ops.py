@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
+from llenvs_async._ownership import OWNER_LABEL
 from llenvs_async.docker import Container, ContainerSpec, DockerEngine
-from llenvs_async.docker.ownership import OWNER_LABEL
 from llenvs_async.errors import ClosedError, ContainerError, DockerUnavailableError, ImageError
 
 from .conftest import ContainerFactory

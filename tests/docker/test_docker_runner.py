@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from llenvs_async import Action, GenerationRequest, State, StepResult, TrajectoryRunner
+from llenvs_async._ownership import OWNER_LABEL
 from llenvs_async.backends.scripted import ScriptedBackend
 from llenvs_async.docker import DockerEngine, DockerEnvironment, reap_orphans
-from llenvs_async.docker.ownership import OWNER_LABEL
 from llenvs_async.env import replay_restore
 from llenvs_async.policies import fenced, shell_reply
 from llenvs_async.types import SamplingParams

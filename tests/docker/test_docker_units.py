@@ -6,11 +6,11 @@ import subprocess
 
 import pytest
 
+from llenvs_async._ownership import OWNER_LABEL, Owner, current_owner, process_alive
 from llenvs_async.docker import CommandResult, ContainerSpec, format_observation
 from llenvs_async.docker._exec_common import KILL_TREE_SCRIPT, UPTIME_TICKS
 from llenvs_async.docker.engine import split_image_ref
 from llenvs_async.docker.output import CappedOutput
-from llenvs_async.docker.ownership import OWNER_LABEL, Owner, current_owner, process_alive
 from llenvs_async.docker.shell_framing import DATA, TAGGED, Scanner
 from llenvs_async.docker.shell_task import cap_text
 

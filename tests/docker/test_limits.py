@@ -7,8 +7,8 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from llenvs_async._ownership import OWNER_LABEL, SESSION_LABEL, current_owner
 from llenvs_async.docker import DEFAULT_CAP_DROP, DockerEngine
-from llenvs_async.docker.ownership import OWNER_LABEL, SESSION_LABEL, current_owner
 
 from .conftest import ContainerFactory, ShellFactory
 

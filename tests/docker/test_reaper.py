@@ -11,14 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from llenvs_async.docker import (
-    Container,
-    ContainerSpec,
-    DockerEngine,
-    reap_orphans,
-    remove_own_containers_sync,
-)
-from llenvs_async.docker.ownership import (
+from llenvs_async._ownership import (
     OWNER_BOOT_LABEL,
     OWNER_LABEL,
     OWNER_PIDNS_LABEL,
@@ -28,6 +21,13 @@ from llenvs_async.docker.ownership import (
     current_owner,
     owner_labels,
     process_alive,
+)
+from llenvs_async.docker import (
+    Container,
+    ContainerSpec,
+    DockerEngine,
+    reap_orphans,
+    remove_own_containers_sync,
 )
 
 from .conftest import dead_pid

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from llenvs_async import ClosedError, LlenvsError
+from llenvs_async._ownership import OWNER_LABEL
 from llenvs_async.adapters.harbor import load_task
 from llenvs_async.adapters.harbor.image import TASK_IMAGE_LABEL
 from llenvs_async.docker.engine import DockerEngine
-from llenvs_async.docker.ownership import OWNER_LABEL
 from llenvs_async.integrations.trl_env import (
     HarborToolEnvironment,
     TRLHarborEnvironments,
@@ -146,7 +146,7 @@ def test_an_instance_trl_drops_loses_its_container(docker_images: None) -> None:
 
 ATEXIT_CHILD = textwrap.dedent(
     """
-    from llenvs_async.docker.ownership import OWNER_LABEL, current_owner
+    from llenvs_async._ownership import OWNER_LABEL, current_owner
     from llenvs_async.integrations.trl_env import harbor_environment_factory
 
     environments = harbor_environment_factory({tasks!r})

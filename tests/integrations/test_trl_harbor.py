@@ -23,10 +23,10 @@ from llenvs_async import (
     ScriptedBackend,
     TrajectoryRunner,
 )
+from llenvs_async._ownership import OWNER_LABEL
 from llenvs_async.adapters.harbor import HarborAdapter, load_task
 from llenvs_async.adapters.harbor.image import TASK_IMAGE_LABEL
 from llenvs_async.docker.engine import DockerEngine
-from llenvs_async.docker.ownership import OWNER_LABEL
 from llenvs_async.integrations.trl import environment_reward, rollout_func
 from llenvs_async.policies import shell_reply
 

@@ -288,8 +288,8 @@ async def test_serve_verifiers_cli_serves_and_ctrl_c_removes_the_episode_contain
     from verifiers.v1.serve import EnvClient
     from verifiers.v1.types import SamplingConfig
 
+    from llenvs_async._ownership import OWNER_LABEL
     from llenvs_async.docker import DockerEngine
-    from llenvs_async.docker.ownership import OWNER_LABEL
 
     called = asyncio.Event()
     held: list[asyncio.StreamWriter] = []

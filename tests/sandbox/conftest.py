@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from llenvs_async._ownership import current_owner
 from llenvs_async.docker import BUSYBOX_IMAGE, DockerEngine, ensure_busybox_image
-from llenvs_async.docker.ownership import current_owner
 from llenvs_async.errors import DockerUnavailableError, GvisorUnavailableError
 from llenvs_async.sandbox import Runsc, find_runsc
 from llenvs_async.sandbox.reaper import list_sandboxes

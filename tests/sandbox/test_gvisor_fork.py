@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from llenvs_async._ownership import current_owner
 from llenvs_async.adapters.harbor import HarborAdapter, HarborEnvironment, SnapshotRestore
 from llenvs_async.docker import BASE_IMAGE, DockerEngine
-from llenvs_async.docker.ownership import current_owner
 from llenvs_async.errors import RestoreError
 from llenvs_async.sandbox import Runsc, Sandbox
 from llenvs_async.sandbox import sandbox as sandbox_module

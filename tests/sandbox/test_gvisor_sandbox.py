@@ -151,7 +151,7 @@ async def test_an_example_harbor_task_is_solved_and_verified_in_gvisor(runsc: Ru
 
 
 def test_a_start_cut_off_before_runsc_recorded_it_is_killed(runsc: Runsc) -> None:
-    from llenvs_async.docker.ownership import current_owner
+    from llenvs_async._ownership import current_owner
     from llenvs_async.sandbox.reaper import remove_own_sandboxes_sync
 
     bundle = runsc.bundles / "llenvs-cut-off-start"

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 import llenvs_async.sandbox.sandbox as sandbox_module
+from llenvs_async._ownership import SESSION_LABEL
 from llenvs_async.docker import ContainerSpec, DockerEngine
-from llenvs_async.docker.ownership import SESSION_LABEL
 from llenvs_async.errors import ContainerError
 from llenvs_async.sandbox import Runsc, Sandbox
 from llenvs_async.sandbox.bundle import ensure_rootfs

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 
 from llenvs_async import ScriptedBackend, TrajectoryRunner
+from llenvs_async._ownership import current_owner
 from llenvs_async.adapters.harbor import (
     HarborAdapter,
     HarborEnvironment,
@@ -18,7 +19,6 @@ from llenvs_async.adapters.harbor import (
     harbor_restore,
 )
 from llenvs_async.docker.engine import DockerEngine
-from llenvs_async.docker.ownership import current_owner
 from llenvs_async.docker.snapshots import list_snapshot_images
 from llenvs_async.errors import ContinuationPromptError, RestoreError
 from llenvs_async.policies import fenced

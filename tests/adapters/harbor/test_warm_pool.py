@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from llenvs_async import Action, ScriptedBackend, TrajectoryRunner
+from llenvs_async._ownership import current_owner
 from llenvs_async.adapters.harbor import (
     HarborAdapter,
     HarborEnvironment,
@@ -19,7 +20,6 @@ from llenvs_async.adapters.harbor import (
 )
 from llenvs_async.docker.engine import DockerEngine
 from llenvs_async.docker.fork import SNAPSHOT_REPO
-from llenvs_async.docker.ownership import current_owner
 from llenvs_async.docker.pool import POOL_LABEL
 from llenvs_async.policies import fenced
 

@@ -1,4 +1,5 @@
-"""Container labels that identify the owning process, so leaks can be found and reaped.
+"""Who owns a leakable resource (a container, a sandbox, an engine process) and whether that
+owner still runs, so leaks can be found and reaped.
 
 An owner is ``host:pid`` plus the pid's start ticks, the boot id and the PID-namespace
 inode: several processes (Ray workers, containers sharing one engine socket, machines
@@ -24,10 +25,12 @@ __all__ = [
     "Owner",
     "checkable",
     "current_owner",
+    "owner_gone",
     "new_session_id",
     "owner_filters",
     "owner_labels",
     "process_alive",
+    "process_stat",
 ]
 
 OWNER_LABEL = "llenvs.owner"
@@ -73,6 +76,17 @@ class Owner:
         )
 
     @property
+    def marker(self) -> str:
+        """The owner as one string (``key=value`` labels joined by commas), for where labels
+        do not fit, e.g. an environment variable its child processes inherit."""
+        return ",".join(f"{key}={value}" for key, value in self.labels.items())
+
+    @classmethod
+    def from_marker(cls, marker: str) -> Owner | None:
+        """Parse ``marker``; ``None`` when it is malformed."""
+        return cls.from_labels(dict(item.partition("=")[::2] for item in marker.split(",")))
+
+    @property
     def labels(self) -> dict[str, str]:
         """The owner labels a container of this owner carries (unknown fields left out)."""
         labels = {OWNER_LABEL: self.label}
@@ -86,13 +100,20 @@ class Owner:
         return labels
 
 
-def _start_ticks(pid: int) -> str:
+def process_stat(pid: int) -> tuple[str, str] | None:
+    """``(state, start ticks)`` of ``pid`` from ``/proc``; ``None`` when unknown (no such
+    process, or not Linux)."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
             fields = f.read().rpartition(")")[2].split()
     except OSError:
-        return ""
-    return fields[19] if len(fields) > 19 else ""
+        return None
+    return (fields[0], fields[19]) if len(fields) > 19 else None
+
+
+def _start_ticks(pid: int) -> str:
+    stat = process_stat(pid)
+    return stat[1] if stat else ""
 
 
 def _boot_id() -> str:
@@ -152,7 +173,8 @@ def checkable(owner: Owner) -> bool:
 
 def process_alive(owner: Owner) -> bool:
     """Whether ``owner`` may still run: an owner this process cannot check (another host,
-    boot or PID namespace) counts as alive; a reused pid counts as gone.
+    boot or PID namespace) counts as alive; a reused pid and a zombie (dead, not yet waited
+    for by its parent) count as gone.
     """
     if not checkable(owner):
         return True
@@ -162,7 +184,13 @@ def process_alive(owner: Owner) -> bool:
         return False
     except PermissionError:
         pass
-    if not owner.start:
-        return True
-    start = _start_ticks(owner.pid)
-    return not start or start == owner.start
+    state, start = process_stat(owner.pid) or ("", "")
+    if state == "Z":
+        return False
+    return not owner.start or not start or start == owner.start
+
+
+def owner_gone(owner: Owner, *, force: bool = False) -> bool:
+    """Whether what ``owner`` made may be reaped: it provably stopped running, or it cannot
+    be checked from here (another host, boot or PID namespace) and ``force`` says to."""
+    return not process_alive(owner) if checkable(owner) else force
