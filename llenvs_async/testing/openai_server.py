@@ -16,9 +16,21 @@ import json
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from http import HTTPStatus
 from types import MappingProxyType, TracebackType
 from typing import Any, Literal
+
+from ._chat_schema import chat_schema_error
+from ._fake_model import (
+    default_policy,
+    detokenize,
+    fake_logprob,
+    fake_token_ids,
+    is_token_list,
+    render_chat,
+    requested_max_tokens,
+    sample,
+)
+from ._http1 import BadRequest, error_body, read_request, write_response
 
 __all__ = [
     "Fault",
@@ -39,32 +51,6 @@ For a chat it may return ``{"content": ..., "tool_calls": [...]}`` to call tools
 to return reasoning next to the content (copied into the message as given)."""
 
 Overflow = Literal["ignore", "clamp", "reject"]
-
-_TOKEN_BASE = 1000
-_MAX_BODY = 16 * 1024 * 1024
-
-
-def fake_token_ids(text: str) -> list[int]:
-    """The fake tokenizer: one token per character, ``1000 + ord(c)``."""
-    return [_TOKEN_BASE + ord(c) for c in text]
-
-
-def fake_logprob(token_id: int) -> float:
-    """The fake model's logprob for a sampled token (deterministic, always < 0)."""
-    return -((token_id % 17) + 1) / 8
-
-
-def _detokenize(token_ids: Iterable[int]) -> str:
-    return "".join(chr(t - _TOKEN_BASE) if t >= _TOKEN_BASE else f"<{t}>" for t in token_ids)
-
-
-def default_policy(prompt: Any) -> str:
-    """``echo: <last message content>`` for chats, ``echo: <prompt>`` for completions."""
-    if isinstance(prompt, list) and prompt and isinstance(prompt[-1], Mapping):
-        return f"echo: {prompt[-1].get('content', '')}"
-    if isinstance(prompt, list):
-        return f"echo: {_detokenize(prompt)}"
-    return f"echo: {prompt}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,7 +77,7 @@ class Fault:
         times: int = 1,
     ) -> Fault:
         """An error reply with an OpenAI-style error body."""
-        body = _error(status_code, message)
+        body = error_body(status_code, message)
         return cls(status_code=status_code, body=body, headers=dict(headers or {}), times=times)
 
     @classmethod
@@ -115,10 +101,6 @@ class RecordedRequest:
     path: str
     headers: Mapping[str, str]
     json: Any
-
-
-class _BadRequest(Exception):
-    """A request this minimal server cannot parse: the connection is dropped."""
 
 
 class OpenAITestServer:
@@ -211,13 +193,13 @@ class OpenAITestServer:
         assert task is not None
         self._connections.add(task)
         try:
-            while (request := await _read_request(reader)) is not None:
+            while (request := await read_request(reader)) is not None:
                 method, path, headers, body = request
                 status, extra, payload = await self._respond(method, path, headers, body)
-                await _write_response(writer, status, extra, payload)
+                await write_response(writer, status, extra, payload)
                 if headers.get("connection", "").lower() == "close":
                     break
-        except (ConnectionError, asyncio.IncompleteReadError, _BadRequest):
+        except (ConnectionError, asyncio.IncompleteReadError, BadRequest):
             pass
         finally:
             self._connections.discard(task)
@@ -278,22 +260,22 @@ class OpenAITestServer:
                 entry["max_model_len"] = self.max_model_len
             return 200, {"object": "list", "data": [entry]}
         if method != "POST" or path not in ("/v1/chat/completions", "/v1/completions"):
-            return 404, _error(404, f"no route for {method} {path}")
+            return 404, error_body(404, f"no route for {method} {path}")
         if not isinstance(body, dict):
-            return 400, _error(400, "the request body is not a JSON object")
+            return 400, error_body(400, "the request body is not a JSON object")
         if path == "/v1/chat/completions":
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
-                return 400, _error(400, "'messages' must be a non-empty list")
-            problem = _chat_schema_error(messages, body.get("tools"), body.get("tool_choice"))
+                return 400, error_body(400, "'messages' must be a non-empty list")
+            problem = chat_schema_error(messages, body.get("tools"), body.get("tool_choice"))
             if problem is not None:
-                return 400, _error(400, problem)
-            too_long = self._context_error([fake_token_ids(_render_chat(messages))], body)
+                return 400, error_body(400, problem)
+            too_long = self._context_error([fake_token_ids(render_chat(messages))], body)
             return too_long or (200, self._chat(body, messages))
         prompt = body.get("prompt")
-        prompts = prompt if isinstance(prompt, list) and not _is_token_list(prompt) else [prompt]
-        if not prompts or not all(isinstance(p, str) or _is_token_list(p) for p in prompts):
-            return 400, _error(400, "'prompt' must be a string, token ids, or a list of those")
+        prompts = prompt if isinstance(prompt, list) and not is_token_list(prompt) else [prompt]
+        if not prompts or not all(isinstance(p, str) or is_token_list(p) for p in prompts):
+            return 400, error_body(400, "'prompt' must be a string, token ids, or a list of those")
         too_long = self._context_error(
             [p if isinstance(p, list) else fake_token_ids(str(p)) for p in prompts], body
         )
@@ -314,35 +296,35 @@ class OpenAITestServer:
                 f"your prompt contains {longest} input tokens, which exceeds this limit even "
                 "without any output tokens. Please reduce the length of the input prompt."
             )
-            return 400, _error(400, message)
-        asked = _max_tokens(body)
+            return 400, error_body(400, message)
+        asked = requested_max_tokens(body)
         if self.overflow == "clamp" and longest == window:
-            return 400, _error(400, "max_tokens must be at least 1, got 0.")
+            return 400, error_body(400, "max_tokens must be at least 1, got 0.")
         if self.overflow == "reject" and longest + asked > window:
             message = (
                 f"This model's maximum context length is {window} tokens. However, you "
                 f"requested {longest + asked} tokens ({longest} in the messages, {asked} in "
                 "the completion). Please reduce the length of the messages or completion."
             )
-            return 400, _error(400, message)
+            return 400, error_body(400, message)
         return None
 
     def _room(self, prompt_ids: list[int], body: Mapping[str, Any]) -> int:
         """The ``max_tokens`` a prompt gets: the request's, clamped to the window if so."""
-        asked = _max_tokens(body)
+        asked = requested_max_tokens(body)
         if self.overflow == "clamp" and self.max_model_len is not None:
             return min(asked, self.max_model_len - len(prompt_ids))
         return asked
 
     def _chat(self, body: Mapping[str, Any], messages: list[Any]) -> dict[str, Any]:
-        rendered = _render_chat(messages)
+        rendered = render_chat(messages)
         room = self._room(fake_token_ids(rendered), body)
         choices = []
         for j in range(int(body.get("n") or 1)):
             answer = self.policy(messages)
             calls = answer.get("tool_calls") if isinstance(answer, Mapping) else None
             said = str(answer.get("content") or "") if isinstance(answer, Mapping) else answer
-            text, ids, finish = _sample(said, body, room)
+            text, ids, finish = sample(said, body, room)
             choice: dict[str, Any] = {
                 "index": j,
                 "message": {"role": "assistant", "content": text},
@@ -357,7 +339,7 @@ class OpenAITestServer:
                 choice["message"]["tool_calls"] = list(calls)
                 choice["finish_reason"] = "tool_calls"
             if body.get("logprobs"):
-                content = [{"token": _detokenize([t]), "logprob": fake_logprob(t)} for t in ids]
+                content = [{"token": detokenize([t]), "logprob": fake_logprob(t)} for t in ids]
                 choice["logprobs"] = {"content": content}
             if body.get("return_token_ids"):
                 choice["token_ids"] = ids
@@ -378,7 +360,7 @@ class OpenAITestServer:
             prompt_ids = prompt if isinstance(prompt, list) else fake_token_ids(prompt)
             room = self._room(prompt_ids, body)
             for j in range(n):
-                text, ids, finish = _sample(str(self.policy(prompt)), body, room)
+                text, ids, finish = sample(str(self.policy(prompt)), body, room)
                 choice: dict[str, Any] = {
                     "index": i * n + j,
                     "text": text,
@@ -387,7 +369,7 @@ class OpenAITestServer:
                 }
                 if body.get("logprobs") is not None:
                     choice["logprobs"] = {
-                        "tokens": [_detokenize([t]) for t in ids],
+                        "tokens": [detokenize([t]) for t in ids],
                         "token_logprobs": [fake_logprob(t) for t in ids],
                     }
                 if body.get("return_token_ids"):
@@ -426,112 +408,3 @@ def serve_openai_compatible(
         model=model,
         overflow=overflow,
     )
-
-
-def _max_tokens(body: Mapping[str, Any]) -> int:
-    return int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
-
-
-def _sample(text: str, body: Mapping[str, Any], max_tokens: int) -> tuple[str, list[int], str]:
-    """Apply ``stop`` then ``max_tokens`` (one token per character) like a real server."""
-    finish = "stop"
-    stops = body.get("stop") or []
-    for stop in [stops] if isinstance(stops, str) else stops:
-        if stop and stop in text:
-            text = text[: text.index(stop)]
-    if len(text) > max_tokens:
-        text, finish = text[:max_tokens], "length"
-    return text, fake_token_ids(text), finish
-
-
-def _chat_schema_error(messages: list[Any], tools: Any, tool_choice: Any = None) -> str | None:
-    """What OpenAI's (and vLLM's) chat schema rejects in messages, tool definitions and
-    ``tool_choice``."""
-    if tool_choice is not None and tool_choice != "none":
-        if not tools:
-            return "When using `tool_choice`, `tools` must be set."
-        if isinstance(tool_choice, Mapping):
-            name = (tool_choice.get("function") or {}).get("name")
-            names = [(t.get("function") or {}).get("name") for t in tools if isinstance(t, Mapping)]
-            if name not in names:
-                return f"Tool {name!r} has not been passed in `tools`."
-        elif tool_choice not in ("auto", "required"):
-            return f"Invalid value for `tool_choice`: {tool_choice!r}"
-    if tools is not None:
-        if not isinstance(tools, list):
-            return "'tools' must be a list"
-        for i, tool in enumerate(tools):
-            function = tool.get("function") if isinstance(tool, Mapping) else None
-            if tool.get("type") != "function" or not isinstance(function, Mapping):
-                return f"tools[{i}] must be {{'type': 'function', 'function': {{...}}}}"
-            if not isinstance(function.get("name"), str):
-                return f"tools[{i}].function.name is required"
-    for i, message in enumerate(messages):
-        if not isinstance(message, Mapping) or message.get("role") not in _ROLES:
-            return f"messages[{i}] needs a role among {sorted(_ROLES)}"
-        if message["role"] == "tool" and not isinstance(message.get("tool_call_id"), str):
-            return f"messages[{i}]: a tool message needs a tool_call_id"
-        calls = message.get("tool_calls")
-        if calls is not None:
-            if message["role"] != "assistant" or not isinstance(calls, list):
-                return f"messages[{i}].tool_calls: only an assistant has a list of tool calls"
-            for j, call in enumerate(calls):
-                function = call.get("function") if isinstance(call, Mapping) else None
-                if (
-                    not isinstance(call.get("id"), str)
-                    or call.get("type") != "function"
-                    or not isinstance(function, Mapping)
-                    or not isinstance(function.get("name"), str)
-                    or not isinstance(function.get("arguments"), str)
-                ):
-                    return (
-                        f"messages[{i}].tool_calls[{j}] needs id, type 'function' and "
-                        "function.name / function.arguments (a JSON string)"
-                    )
-    return None
-
-
-_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
-
-
-def _render_chat(messages: list[Any]) -> str:
-    return "".join(f"<{m.get('role')}>{m.get('content')}" for m in messages)
-
-
-def _is_token_list(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(v, int) for v in value)
-
-
-def _error(status: int, message: str) -> dict[str, Any]:
-    return {"error": {"message": message, "type": HTTPStatus(status).phrase, "code": status}}
-
-
-async def _read_request(
-    reader: asyncio.StreamReader,
-) -> tuple[str, str, dict[str, str], bytes] | None:
-    """One HTTP/1.1 request (Content-Length bodies only); None at a clean end of stream."""
-    line = await reader.readline()
-    if not line:
-        return None
-    parts = line.decode("latin-1").split()
-    if len(parts) != 3:
-        raise _BadRequest(line)
-    headers: dict[str, str] = {}
-    while (raw := await reader.readline()) not in (b"\r\n", b"\n", b""):
-        name, _, value = raw.decode("latin-1").partition(":")
-        headers[name.strip().lower()] = value.strip()
-    length = int(headers.get("content-length", "0"))
-    if length > _MAX_BODY or "chunked" in headers.get("transfer-encoding", ""):
-        raise _BadRequest(headers)
-    body = await reader.readexactly(length) if length else b""
-    return parts[0], parts[1].split("?")[0], headers, body
-
-
-async def _write_response(
-    writer: asyncio.StreamWriter, status: int, headers: Mapping[str, str], body: bytes
-) -> None:
-    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}"]
-    all_headers = {"Content-Type": "application/json", **headers, "Content-Length": str(len(body))}
-    lines += [f"{k}: {v}" for k, v in all_headers.items()]
-    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
-    await writer.drain()
