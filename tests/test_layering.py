@@ -103,7 +103,7 @@ def test_gvisor_resolves_by_name_in_a_fresh_process() -> None:
         "before = 'llenvs_async.sandbox' in sys.modules\n"
         "runtime = get_runtime('gvisor')\n"
         "from llenvs_async.sandbox import GVISOR, Sandbox\n"
-        "print(before, runtime is GVISOR, runtime.name, runtime.pool_allowed)\n"
+        "print(before, runtime is GVISOR, runtime.name, runtime.docker_containers)\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=120, check=False)  # fmt: skip

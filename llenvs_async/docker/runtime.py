@@ -48,7 +48,23 @@ class RuntimeHost(ShellHost, Protocol):
         argv: str | Sequence[str],
         *,
         timeout: float | None = ...,  # noqa: ASYNC109 - the box kills the process past it
+        env: Mapping[str, str] | None = ...,
+        workdir: str | None = ...,
+        user: str | None = ...,
+        max_output_bytes: int = ...,
     ) -> CommandResult: ...
+
+    async def put_file(self, path: str, content: bytes | str, *, mode: int = ...) -> None: ...
+
+    async def put_files(self, files: Mapping[str, bytes | str], *, mode: int = ...) -> None: ...
+
+    async def put_archive(self, directory: str, tar_bytes: bytes) -> None:
+        """Unpack ``tar_bytes`` into ``directory`` (as root)."""
+        ...
+
+    async def get_file(self, path: str) -> bytes:
+        """A regular file's bytes (``ContainerError`` when it is not one)."""
+        ...
 
     async def inspect(self) -> dict[str, Any]:
         """Docker-shaped details (``Id``, ``Config.WorkingDir``/``Env``)."""
@@ -65,8 +81,10 @@ class Runtime(Protocol):
     def name(self) -> str: ...
 
     @property
-    def pool_allowed(self) -> bool:
-        """Whether a ``WarmPool`` (of Docker containers) may stand in for ``create``."""
+    def docker_containers(self) -> bool:
+        """Whether its boxes are Docker containers, so what needs the Docker API works on
+        them: a ``WarmPool`` standing in for ``create``, sidecars joining a box's network,
+        archives copied in and out."""
         ...
 
     def check(self) -> None: ...
@@ -79,6 +97,16 @@ class ForkPoint(Protocol):
 
     @property
     def name(self) -> str: ...
+
+    @property
+    def image(self) -> str:
+        """The image of the checkpointed box."""
+        ...
+
+    async def resume(self, labels: Mapping[str, str]) -> tuple[RuntimeHost, ShellSession]:
+        """A new box resumed from this checkpoint, owned per ``labels``, and a session on
+        its (running) shell."""
+        ...
 
 
 E_contra = TypeVar("E_contra", contravariant=True)
@@ -120,7 +148,7 @@ class RuncRuntime:
     """Docker containers (the daemon's default runtime, runc)."""
 
     name: str = "runc"
-    pool_allowed: bool = True
+    docker_containers: bool = True
 
     def check(self) -> None:
         """Nothing to check before connecting: the engine reports an unreachable daemon."""

@@ -34,7 +34,6 @@ __all__ = [
     "SandboxCheckpoint",
     "SandboxProcessFork",
     "checkpoint_sandbox",
-    "resume_sandbox",
 ]
 
 
@@ -54,8 +53,26 @@ class SandboxCheckpoint:
         return self.directory.name
 
     @property
+    def image(self) -> str:
+        return self.spec.image
+
+    @property
     def image_path(self) -> Path:
         return self.directory / "image"
+
+    async def resume(self, labels: Mapping[str, str]) -> tuple[Sandbox, ShellSession]:
+        """A new sandbox restored from this checkpoint, and a session on its (running) shell."""
+        sandbox = await Sandbox.restore(
+            self.runsc, self.spec, self.config, self.image_path, labels=labels
+        )
+        try:
+            channel = await sandbox.attach_channel(self.shell_dir)
+            session = ShellSession.adopt(sandbox, self.shell, channel)
+            sandbox.track(session)
+        except BaseException:
+            await sandbox.aclose()
+            raise
+        return sandbox, session
 
 
 async def checkpoint_sandbox(
@@ -79,23 +96,6 @@ async def checkpoint_sandbox(
     )
     await sandbox.checkpoint(checkpoint.image_path)
     return checkpoint
-
-
-async def resume_sandbox(
-    checkpoint: SandboxCheckpoint, labels: Mapping[str, str]
-) -> tuple[Sandbox, ShellSession]:
-    """A new sandbox restored from ``checkpoint``, and a session on its (running) shell."""
-    sandbox = await Sandbox.restore(
-        checkpoint.runsc, checkpoint.spec, checkpoint.config, checkpoint.image_path, labels=labels
-    )
-    try:
-        channel = await sandbox.attach_channel(checkpoint.shell_dir)
-        session = ShellSession.adopt(sandbox, checkpoint.shell, channel)
-        sandbox.track(session)
-    except BaseException:
-        await sandbox.aclose()
-        raise
-    return sandbox, session
 
 
 class CheckpointForkable(Protocol):

@@ -16,11 +16,11 @@ __all__ = ["GVISOR", "GvisorRuntime"]
 
 @dataclass(frozen=True, slots=True)
 class GvisorRuntime:
-    """gVisor sandboxes driven through ``runsc`` (root, no network); no warm pool: a pool
-    holds Docker containers."""
+    """gVisor sandboxes driven through ``runsc`` (root, no network); not Docker containers,
+    so no warm pool, sidecars or archive copies."""
 
     name: str = "gvisor"
-    pool_allowed: bool = False
+    docker_containers: bool = False
 
     def check(self) -> None:
         """``GvisorUnavailableError`` naming what is missing (runsc, root, the platform)."""

@@ -35,7 +35,7 @@ from ..docker.container import ContainerSpec
 from ..docker.engine import DockerEngine
 from ..docker.output import DEFAULT_MAX_OUTPUT_BYTES, CappedOutput, CommandResult
 from ..docker.shell import ShellChannel, ShellKind, ShellSession
-from ..errors import ClosedError, ContainerError
+from ..errors import ClosedError, ContainerError, EnvError
 from .bundle import ImageRootfs, ensure_rootfs, find_init, oci_config, write_bundle
 from .channel import SHELL_DIR, START_SCRIPT, FifoChannel
 from .reaper import register_sandbox_backstop, remove_sandbox_sync
@@ -84,7 +84,13 @@ class Sandbox(AsyncResource):
         runsc: Runsc | None = None,
         create_timeout: float = 120.0,
     ) -> Sandbox:
-        """Start a sandbox from ``spec.image`` (a local image, exported once for gVisor)."""
+        """Start a sandbox from ``spec.image`` (a local image, exported once for gVisor);
+        ``EnvError`` for a spec asking for a network, which a sandbox never has."""
+        if spec.network_mode != "none":
+            raise EnvError(
+                f"the gVisor runtime runs sandboxes without a network (--network=none), "
+                f"not network_mode={spec.network_mode!r}"
+            )
         runsc = runsc or find_runsc()
         rootfs: ImageRootfs = await ensure_rootfs(engine, spec.image)
         checked = (runsc.binary, rootfs.image_id)

@@ -168,3 +168,26 @@ def test_a_start_cut_off_before_runsc_recorded_it_is_killed(runsc: Runsc) -> Non
         assert not bundle.exists()
     finally:
         stray.kill()
+
+
+async def test_a_network_is_refused_before_anything_starts() -> None:
+    from llenvs_async.errors import EnvError
+
+    spec = ContainerSpec(image="no-such-image:never-pulled", network_mode="bridge")
+    with pytest.raises(EnvError, match=r"without a network.*network_mode='bridge'"):
+        await Sandbox.create(DockerEngine(), spec)
+
+
+async def test_what_only_a_docker_container_hosts_is_refused_naming_the_runtime(
+    runsc: Runsc, tmp_path: Path
+) -> None:
+    from llenvs_async.adapters.harbor import HarborAdapter
+    from llenvs_async.errors import EnvError
+
+    tasks = ROOT / "examples" / "tasks"
+    async with HarborAdapter(runtime="gvisor", artifacts_dir=tmp_path) as adapter:
+        env = await adapter.get_environment(tasks, max_steps=None)
+        async with env:
+            with pytest.raises(EnvError, match=r"runtime='gvisor' does not support artifacts_dir"):
+                await env.reset("csv-totals")
+            assert env.container is None

@@ -19,14 +19,12 @@ import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from ...docker.container import Container
+from ...docker.runtime import RuntimeHost
 from ...errors import ContainerError, VerifierError
 from .config import ArtifactSpec, CollectHook
-
-if TYPE_CHECKING:
-    from ...sandbox.sandbox import Sandbox
 
 __all__ = [
     "ARTIFACTS_DIR",
@@ -46,7 +44,7 @@ _CONVENTION = ArtifactSpec(source=ARTIFACTS_DIR, destination="logs-artifacts")
 
 
 async def run_collect_hooks(
-    services: Mapping[str, Container | Sandbox], hooks: Sequence[CollectHook], *, task_name: str
+    services: Mapping[str, RuntimeHost], hooks: Sequence[CollectHook], *, task_name: str
 ) -> list[dict[str, Any]]:
     """Run each hook in its service; their outcomes (``service``, ``command``, ``exit_code``,
     ``timed_out``) for the step's info."""

@@ -20,10 +20,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from ...docker.container import Container
 from ...docker.output import CommandResult
+from ...docker.runtime import ForkPoint, RuntimeHost
 from ...docker.shell import ShellSession
 from ...docker.shell_task import (
     DEFAULT_MAX_OBSERVATION_CHARS,
@@ -43,10 +44,6 @@ from .instance import DATASET_LABEL, HarborRuntime, Instance, start_instance
 from .task import HarborTask
 from .verifier import VerifierResult
 from .verify_flow import verify_instance
-
-if TYPE_CHECKING:
-    from ...sandbox.fork import SandboxCheckpoint
-    from ...sandbox.sandbox import Sandbox
 
 __all__ = [
     "DATASET_LABEL",
@@ -117,7 +114,7 @@ class HarborEnvironment(ShellTaskEnvironment):
         return self._workdir
 
     @property
-    def container(self) -> Container | Sandbox | None:
+    def container(self) -> RuntimeHost | None:
         """The episode's container, or its gVisor sandbox (``runtime="gvisor"``)."""
         return self._instance.container if self._instance is not None else None
 
@@ -228,7 +225,7 @@ class HarborEnvironment(ShellTaskEnvironment):
         self._current = resumed
         return resumed
 
-    async def resume_from_checkpoint(self, checkpoint: SandboxCheckpoint, state: State) -> State:
+    async def resume_from_checkpoint(self, checkpoint: ForkPoint, state: State) -> State:
         """Continue ``state`` in a gVisor sandbox restored from ``checkpoint`` (taken of an
         episode at ``state``): processes and the shell as they were; a new episode id."""
         self._ensure_open()
@@ -248,7 +245,7 @@ class HarborEnvironment(ShellTaskEnvironment):
         *,
         seed: int | None,
         image: str | None,
-        checkpoint: SandboxCheckpoint | None = None,
+        checkpoint: ForkPoint | None = None,
     ) -> State:
         """Start the task's container (from ``image`` if given, else the task image; from
         ``checkpoint``: restore that gVisor sandbox)."""

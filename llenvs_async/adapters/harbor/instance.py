@@ -11,20 +11,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from ...docker.container import Container, ContainerSpec
 from ...docker.engine import DockerEngine
 from ...docker.pool import WarmPool
+from ...docker.runtime import ForkPoint, RuntimeHost, get_runtime
 from ...docker.shell import ShellSession
 from ...errors import ContainerError, EnvError
 from .image import TASK_IMAGE_LABEL, TaskImages
 from .sidecars import Sidecars, extra_hosts, start_sidecars
 from .task import HarborTask, resolve_env
-
-if TYPE_CHECKING:
-    from ...sandbox.fork import SandboxCheckpoint
-    from ...sandbox.sandbox import Sandbox
 
 __all__ = ["DATASET_LABEL", "HarborRuntime", "Instance", "as_docker", "start_instance"]
 
@@ -54,7 +51,7 @@ class HarborRuntime:
 class Instance:
     """One episode's running box: the agent's container and shell, its sidecars, its network."""
 
-    container: Container | Sandbox
+    container: RuntimeHost
     shell: ShellSession
     sidecars: Sidecars | None
     network: bool
@@ -72,7 +69,7 @@ class Instance:
             await self.container.aclose()
 
 
-def as_docker(container: Container | Sandbox) -> Container:
+def as_docker(container: RuntimeHost) -> Container:
     """The agent's container where only a Docker one will do (archives, sidecars)."""
     if not isinstance(container, Container):
         raise EnvError("artifacts and sidecars need a Docker container (runtime='runc')")
@@ -86,12 +83,12 @@ async def start_instance(
     *,
     dataset_spec: str,
     image: str | None,
-    checkpoint: SandboxCheckpoint | None = None,
+    checkpoint: ForkPoint | None = None,
 ) -> Instance:
-    """Start ``task``'s box from ``image`` (else the task image; from ``checkpoint``: restore
-    that gVisor sandbox), with its shell and sidecars. Only the task image comes from the
-    warm pool: a snapshot image is one state's, so spares of it would only wait, and
-    would pin the image past the snapshot's removal."""
+    """Start ``task``'s box on the run's runtime from ``image`` (else the task image; from
+    ``checkpoint``: resume that box), with its shell and sidecars. Only the task image
+    comes from the warm pool: a snapshot image is one state's, so spares of it would only
+    wait, and would pin the image past the snapshot's removal."""
     env_cfg = task.config.environment
     from_snapshot = image is not None
     if env_cfg.gpus:
@@ -99,7 +96,7 @@ async def start_instance(
     if checkpoint is None:
         image = image or await runtime.images.ensure(engine, task)
     else:
-        image = checkpoint.spec.image
+        image = checkpoint.image
     network = runtime.allow_network and env_cfg.wants_network
     bridge = network and await _daemon_has_bridge(engine)
     agent_user = task.config.agent.user
@@ -118,15 +115,17 @@ async def start_instance(
         cpus=env_cfg.cpus,
         labels={TASK_IMAGE_LABEL: task.name, DATASET_LABEL: dataset_spec},
     )
-    container: Container | Sandbox
-    if checkpoint is not None or runtime.container_runtime == "gvisor":
-        _check_gvisor_task(task, keep_artifacts=runtime.artifacts_dir is not None)
-        container, shell = await _start_sandbox(engine, spec, checkpoint, network=network)
-    elif runtime.pool is not None and not from_snapshot:  # started, shell open: no create
-        warm = await runtime.pool.take(spec)
+    box_runtime = get_runtime(runtime.container_runtime)
+    if not box_runtime.docker_containers:
+        _check_docker_only(task, box_runtime.name, keep_artifacts=runtime.artifacts_dir is not None)
+    container: RuntimeHost
+    if checkpoint is not None:
+        container, shell = await checkpoint.resume(engine.labels)
+    elif runtime.pool is not None and box_runtime.docker_containers and not from_snapshot:
+        warm = await runtime.pool.take(spec)  # started, shell open: no create
         container, shell = warm.container, warm.shell
     else:
-        container = await Container.create(engine, spec)
+        container = await box_runtime.create(engine, spec)
         try:
             shell = await container.shell()
         except BaseException:
@@ -153,29 +152,6 @@ async def start_instance(
     )  # fmt: skip
 
 
-async def _start_sandbox(
-    engine: DockerEngine,
-    spec: ContainerSpec,
-    checkpoint: SandboxCheckpoint | None,
-    *,
-    network: bool,
-) -> tuple[Sandbox, ShellSession]:
-    """A gVisor sandbox with its shell: new, or restored from ``checkpoint``."""
-    from ...sandbox.fork import resume_sandbox
-    from ...sandbox.sandbox import Sandbox
-
-    if checkpoint is not None:
-        return await resume_sandbox(checkpoint, engine.labels)
-    if network:
-        raise EnvError("the gVisor runtime runs sandboxes without a network (--network=none)")
-    sandbox = await Sandbox.create(engine, spec)
-    try:
-        return sandbox, await sandbox.shell()
-    except BaseException:
-        await sandbox.aclose()
-        raise
-
-
 async def _daemon_has_bridge(engine: DockerEngine) -> bool:
     """Whether the daemon has its default ``bridge`` network (not under ``--bridge=none``)."""
     try:
@@ -187,8 +163,8 @@ async def _daemon_has_bridge(engine: DockerEngine) -> bool:
     return any(isinstance(n, dict) and n.get("Name") == "bridge" for n in found or [])
 
 
-def _check_gvisor_task(task: HarborTask, *, keep_artifacts: bool) -> None:
-    """Refuse what a gVisor sandbox cannot host yet: Docker sidecars joined to its network
+def _check_docker_only(task: HarborTask, runtime: str, *, keep_artifacts: bool) -> None:
+    """Refuse what only a Docker container can host: sidecars joined to its network
     namespace, and artifacts copied out as tar archives (separate verifier, artifacts_dir)."""
     what = None
     if task.compose is not None and task.compose.sidecars:
@@ -198,4 +174,4 @@ def _check_gvisor_task(task: HarborTask, *, keep_artifacts: bool) -> None:
     elif keep_artifacts:
         what = "artifacts_dir (artifacts are copied out as an archive)"
     if what is not None:
-        raise EnvError(f"task {task.name!r}: runtime='gvisor' does not support {what}; use runc")
+        raise EnvError(f"task {task.name!r}: runtime={runtime!r} does not support {what}; use runc")

@@ -34,6 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ...docker.runtime import RuntimeHost
 from ...docker.shell_task import SUBMITTED_TEXT, StepReply
 from ...errors import EnvError, RestoreError
 from ...types import Action, Observation, State, StepResult
@@ -42,8 +43,6 @@ from .task import HarborTask, TaskStep
 from .verifier import VerifierResult
 
 if TYPE_CHECKING:
-    from ...docker.container import Container
-    from ...sandbox.sandbox import Sandbox
     from .dataset import HarborDataset
 
 __all__ = [
@@ -81,7 +80,7 @@ class StepEpisode(Protocol):
     def task(self) -> HarborTask | None: ...
 
     @property
-    def container(self) -> Container | Sandbox | None: ...
+    def container(self) -> RuntimeHost | None: ...
 
     @property
     def workdir(self) -> str: ...

@@ -20,18 +20,15 @@ import tarfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ...docker.container import Container, ContainerSpec
 from ...docker.engine import DockerEngine
+from ...docker.runtime import RuntimeHost
 from ...errors import ContainerError, VerifierError
 from .config import EnvironmentConfig
 from .image import TASK_IMAGE_LABEL, TaskImages
 from .task import HarborTask, resolve_env
 from .verifier import REWARD_JSON, REWARD_TXT, VERIFIER_LOG_DIR, VerifierResult, parse_reward
-
-if TYPE_CHECKING:
-    from ...sandbox.sandbox import Sandbox
 
 __all__ = [
     "ROLE_LABEL",
@@ -47,7 +44,7 @@ _MIB = 1 << 20
 _NO_TEST_SH = 3
 
 
-async def read_text(container: Container | Sandbox, path: str) -> str | None:
+async def read_text(container: RuntimeHost, path: str) -> str | None:
     """A file's text, or ``None`` when it does not exist."""
     try:
         data = await container.get_file(path)
@@ -79,7 +76,7 @@ def pack_tests(dirs: Sequence[Path], test_sh: str | None = None) -> bytes:
     return buf.getvalue()
 
 
-async def _prepare(container: Container | Sandbox, script: str) -> int | None:
+async def _prepare(container: RuntimeHost, script: str) -> int | None:
     run = await container.exec(["/bin/sh", "-c", script], timeout=60, user="0")
     if run.exit_code not in (0, _NO_TEST_SH):
         raise VerifierError(
@@ -90,7 +87,7 @@ async def _prepare(container: Container | Sandbox, script: str) -> int | None:
 
 
 async def run_tests(
-    container: Container | Sandbox,
+    container: RuntimeHost,
     *,
     task: HarborTask,
     timeout_sec: float,
