@@ -2,10 +2,12 @@
 
     .venv/bin/python scripts/flake-audit.py --runs 5 --tier docker --tier gvisor
     .venv/bin/python scripts/flake-audit.py --runs 5 --tier all --out flake_audit.md
+    .venv/bin/python scripts/flake-audit.py --runs 5 --path tests/docker/test_limits.py ...
 
 A CPU burner (one busy process per core) runs for the whole audit, so timing windows that
 only hold on a quiet machine show up. Each run is a fresh pytest process with CI=true
 (a skip fails). The table lists, per tier, how many runs failed and which tests failed.
+``--path`` runs the given test files (every marker) as one more row.
 """
 
 from __future__ import annotations
@@ -21,13 +23,16 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+_HEAVY = ("docker", "vllm", "ray", "gvisor", "browser", "trainers", "standards")
 TIERS = {
-    "fast": "not docker and not vllm and not ray and not gvisor and not browser",
+    "fast": " and ".join(f"not {m}" for m in _HEAVY),
     "docker": "docker and not vllm and not ray and not gvisor",
     "gvisor": "gvisor",
     "vllm": "vllm",
     "ray": "ray",
     "browser": "browser",
+    "trainers": "trainers",
+    "standards": "standards",
 }
 _FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.M)
 
@@ -38,10 +43,10 @@ def burn(stop_at: float) -> None:
         pass
 
 
-def run_tier(marker: str, timeout: float) -> tuple[int, list[str], float]:
+def run_tier(selection: list[str], timeout: float) -> tuple[int, list[str], float]:
     started = time.monotonic()
     env = {**os.environ, "CI": "true"}
-    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marker]
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection]
     try:
         done = subprocess.run(
             argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
@@ -55,15 +60,20 @@ def run_tier(marker: str, timeout: float) -> tuple[int, list[str], float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--tier", action="append", choices=[*TIERS, "all"], required=True)
+    parser.add_argument("--tier", action="append", choices=[*TIERS, "all"], default=[])
+    parser.add_argument("--path", action="append", default=[], help="test files: one row")
     parser.add_argument("--timeout", type=float, default=3600, help="per run, seconds")
     parser.add_argument("--no-load", action="store_true", help="no CPU burner")
     parser.add_argument("--out", type=Path, help="append the markdown table to this file")
     args = parser.parse_args()
-    tiers = list(TIERS) if "all" in args.tier else args.tier
+    if not args.tier and not args.path:
+        parser.error("give --tier and/or --path")
+    selections = {t: ["-m", TIERS[t]] for t in (list(TIERS) if "all" in args.tier else args.tier)}
+    if args.path:
+        selections["listed files"] = args.path
     burners: list[multiprocessing.Process] = []
     if not args.no_load:
-        stop_at = time.time() + args.timeout * args.runs * len(tiers)
+        stop_at = time.time() + args.timeout * args.runs * len(selections)
         burners = [
             multiprocessing.Process(target=burn, args=(stop_at,), daemon=True)
             for _ in range(os.cpu_count() or 1)
@@ -72,11 +82,11 @@ def main() -> int:
             burner.start()
     rows = []
     try:
-        for tier in tiers:
+        for tier, selection in selections.items():
             failures: Counter[str] = Counter()
             failed_runs, seconds = 0, []
             for i in range(args.runs):
-                code, failed, took = run_tier(TIERS[tier], args.timeout)
+                code, failed, took = run_tier(selection, args.timeout)
                 failed_runs += code != 0
                 failures.update(failed or ([] if code == 0 else [f"exit {code}"]))
                 seconds.append(took)
@@ -90,9 +100,11 @@ def main() -> int:
             burner.terminate()
             burner.join()
     load = "no load" if args.no_load else f"{len(burners)} busy processes"
+    listed = f"\n\nListed files: {', '.join(args.path)}" if args.path else ""
     table = "\n".join(
         [
-            f"Flake audit {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {load}, CI=true",
+            f"Flake audit {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {load}, CI=true"
+            + listed,
             "",
             "| tier | runs | failed runs | slowest run | failing tests |",
             "|---|---|---|---|---|",
