@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -74,30 +75,45 @@ class Borrowed:
         await self.aclose()
 
 
+def machine_cpu() -> float:
+    """CPU seconds used so far by every process on the machine: user, nice, system, irq and
+    softirq time of /proc/stat's ``cpu`` line."""
+    with open("/proc/stat") as stat:
+        fields = stat.readline().split()
+    return sum(int(v) for v in fields[1:4] + fields[6:8]) / os.sysconf("SC_CLK_TCK")
+
+
 @dataclass(frozen=True, slots=True)
 class Sample:
     wall: float
     critical: float
     steps: int
     rounds: int
+    cpu: float = 0.0
+    """CPU seconds every process on the machine used meanwhile (driver, raylets, workers)."""
 
     @property
     def overhead_ms(self) -> float:
         """Framework time per lockstep round beyond the simulated latency, milliseconds."""
         return 1000 * (self.wall - self.critical) / self.rounds
 
+    @property
+    def cpu_ms(self) -> float:
+        """Machine-wide CPU per lockstep round, milliseconds."""
+        return 1000 * self.cpu / self.rounds
+
 
 async def timed_batch(
     factory: Callable[[], Awaitable[Any]], size: int, steps: int, latency: float
 ) -> Sample:
     runner = TrajectoryRunner(CounterEnv(), LatencyBackend(0.0), env_factory=factory)
-    started = time.perf_counter()
+    cpu, started = machine_cpu(), time.perf_counter()
     trajectories = await runner.run_batch([steps - 1] * size)
-    wall = time.perf_counter() - started
+    wall, cpu = time.perf_counter() - started, machine_cpu() - cpu
     bad = [t.index for t in trajectories if t.error is not None or len(t) != steps]
     assert not bad, f"rollouts {bad} did not end as scripted: {trajectories[0].error}"
     # reset + `steps` rounds, each as slow as one simulated step (no jitter, no generate cost)
-    return Sample(wall, latency * (steps + 1), size * steps, steps + 1)
+    return Sample(wall, latency * (steps + 1), size * steps, steps + 1, cpu)
 
 
 async def in_process(size: int, steps: int, latency: float) -> Sample:
@@ -136,11 +152,14 @@ class _Counter:
         return CounterEnv(latency=self.latency, max_steps=None)
 
 
-async def bare_round(pool: Sequence[RayEnvironment]) -> float:
-    """Milliseconds for one round of B no-op calls on the same actors (Ray alone)."""
-    started = time.perf_counter()
-    await asyncio.gather(*(p._actor.where.remote() for p in pool))
-    return 1000 * (time.perf_counter() - started)
+async def bare_round(pool: Sequence[RayEnvironment], rounds: int = 5) -> tuple[float, float]:
+    """Milliseconds per round of B no-op calls on the same actors (Ray alone): wall, and
+    CPU summed over every process on the machine."""
+    cpu, started = machine_cpu(), time.perf_counter()
+    for _ in range(rounds):
+        await asyncio.gather(*(p._actor.where.remote() for p in pool))
+    wall, cpu = time.perf_counter() - started, machine_cpu() - cpu
+    return 1000 * wall / rounds, 1000 * cpu / rounds
 
 
 async def one_call(pool: Sequence[RayEnvironment], calls: int = 20) -> float:
@@ -162,7 +181,8 @@ async def overhead_side(p: dict[str, Any]) -> dict[str, Any]:
     latency, steps = p["env_latency_s"], p["steps"]
     out: dict[str, Any] = {
         "in-process": {}, "ray": {}, "in-process, shared": {}, "shared": {}, "create_s": {},
-        "nodes": {}, "bare_ms": {}, "call_ms": {}, "per_actor": {}, "shared_nodes": {},
+        "nodes": {}, "bare_ms": {}, "bare_cpu_ms": {}, "call_ms": {}, "per_actor": {},
+        "shared_nodes": {},
     }  # fmt: skip
     for size in p["sizes"]:
         per_actor = -(-size // p["nodes"])
@@ -184,7 +204,9 @@ async def overhead_side(p: dict[str, Any]) -> dict[str, Any]:
                         await through_ray(pool, size, steps, latency)
                     )
                     if side == "ray":
-                        out["bare_ms"].setdefault(size, []).append(await bare_round(pool))
+                        bare_ms, bare_cpu_ms = await bare_round(pool)
+                        out["bare_ms"].setdefault(size, []).append(bare_ms)
+                        out["bare_cpu_ms"].setdefault(size, []).append(bare_cpu_ms)
                         out["call_ms"].setdefault(size, []).append(await one_call(pool))
             finally:
                 await close_all(pool)
@@ -247,7 +269,9 @@ def run(quick: bool = False) -> Result:
                 fmt(median(s.wall for s in remote)),
                 fmt_spread(spread([s.overhead_ms for s in remote])),
                 fmt(extra("ray", b)),
+                fmt(median(s.cpu_ms for s in remote)),
                 fmt(median(over["bare_ms"][b])),
+                fmt(median(over["bare_cpu_ms"][b])),
                 fmt(median(over["call_ms"][b])),
                 over["per_actor"][b],
                 fmt_spread(spread([s.overhead_ms for s in shared])),
@@ -265,7 +289,8 @@ def run(quick: bool = False) -> Result:
             p["env_latency_s"] * 1000,
             "<=",
             "ms",
-            f"median; below one simulated step. Floor: {big} Ray calls per round",
+            f"median; below one simulated step. Floor: {big} Ray calls per round cost "
+            f"{median(over['bare_cpu_ms'][big]):.0f} ms of machine CPU on {os.cpu_count()} cores",
         ),
         Target(
             f"Ray's extra cost per lockstep round at B={big}, one actor per node "
@@ -301,7 +326,9 @@ def run(quick: bool = False) -> Result:
                     "Ray wall s",
                     "Ray overhead ms/round (min-max)",
                     "Ray extra ms/round",
+                    "Ray machine CPU ms/round",
                     "bare Ray round of B no-op calls ms",
+                    "bare round machine CPU ms",
                     "one no-op call ms",
                     "instances per actor (one actor per node)",
                     "shared actors: overhead ms/round (min-max)",
@@ -344,6 +371,13 @@ def run(quick: bool = False) -> Result:
             "'bare Ray round' times B no-op calls on the same actors, without the runner or the "
             "proxy: what Ray itself costs per round on this machine with an actor per instance "
             "(B calls per round); 'one no-op call' is one such call at a time.",
+            f"'machine CPU' is the CPU time of every process on the machine (driver, raylets, "
+            f"GCS, workers; /proc/stat) during the round: with {os.cpu_count()} cores a "
+            "round cannot take less wall time than machine CPU / cores. With an actor per "
+            "instance that floor is Ray's own: the bare round of B no-op calls costs about as "
+            "much CPU (mostly Ray's submission path in the driver and the workers' wake-ups) "
+            "as the steps' own work, so the extra cost per round grows with B until the cores "
+            "are saturated; the shared placement sends 2 calls per round instead of B.",
             "'shared actors': ray_env_factory(instances_per_actor=ceil(B / nodes)), one actor "
             "per node: the round's steps go as one batched call per actor (2 calls per round), "
             "replies streamed back as they finish.",
@@ -363,6 +397,8 @@ def run(quick: bool = False) -> Result:
         | {
             "create_s": {str(b): v for b, v in over["create_s"].items()},
             "bare_ms": {str(b): v for b, v in over["bare_ms"].items()},
+            "bare_cpu_ms": {str(b): v for b, v in over["bare_cpu_ms"].items()},
+            "cpu_ms": {str(b): [s.cpu_ms for s in over["ray"][b]] for b in sizes},
             "call_ms": {str(b): v for b, v in over["call_ms"].items()},
             "shared_nodes": {str(b): v for b, v in over["shared_nodes"].items()},
             "one": one,
