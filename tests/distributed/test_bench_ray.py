@@ -28,4 +28,8 @@ def test_bench_ray_quick_writes_both_tables(tmp_path: Path) -> None:
     assert [row[0] for row in overhead["rows"]] == [2, 4]
     assert [row[-1] for row in overhead["rows"]] == [2, 2]  # instances on both nodes
     assert [row[-1] for row in throughput["rows"][:2]] == [1, 2]
+    cpu = overhead["columns"].index("Ray machine CPU ms/round")
+    bare_cpu = overhead["columns"].index("bare round machine CPU ms")
+    cells = [str(row[c]).replace(",", "") for row in overhead["rows"] for c in (cpu, bare_cpu)]
+    assert all(float(cell) >= 0 for cell in cells), cells  # /proc/stat ticks: 0 at tiny sizes
     assert {t["name"] for t in result["targets"]} and (tmp_path / "ray.md").exists()
