@@ -46,8 +46,8 @@ GROWTH_LIMIT = 1.25
 PACKAGE = Path(llenvs_async.__file__).resolve().parent
 CATEGORIES = ("framework", "environment", "backend", "other")
 _OWNERS = ((PACKAGE / "envs", "environment"), (PACKAGE / "backends", "backend"))
-# Where the value types live: llenvs_async.types and the history it re-exports.
-_VALUES = (PACKAGE / "types.py", PACKAGE / "_history.py")
+# Where the value types live: llenvs_async.types and the modules it re-exports.
+_VALUES = (PACKAGE / "types.py", PACKAGE / "_generation.py", PACKAGE / "_history.py")
 
 
 class ProbeBackend(ScriptedBackend):
