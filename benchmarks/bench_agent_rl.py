@@ -35,13 +35,15 @@ TARGET = 0.7
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
-def interval(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and the half-width of its 95% t-interval (0 for a single value)."""
+def interval(values: Sequence[float]) -> tuple[float, float, float]:
+    """Mean and its 95% t-interval, cut to the success range [0, 1] (a point for a single
+    value): with 3 seeds the t-interval alone can reach past both ends."""
     mean = statistics.fmean(values)
     if len(values) < 2:
-        return mean, 0.0
+        return mean, mean, mean
     t = _T95.get(len(values) - 1, 1.96)
-    return mean, t * statistics.stdev(values) / len(values) ** 0.5
+    half = t * statistics.stdev(values) / len(values) ** 0.5
+    return mean, max(0.0, mean - half), min(1.0, mean + half)
 
 
 def table(results: Sequence[Any], estimators: Sequence[str]) -> str:
@@ -53,16 +55,31 @@ def table(results: Sequence[Any], estimators: Sequence[str]) -> str:
     ]
     for est in estimators:
         runs = [r for r in results if r.estimator == est]
-        before, b_hw = interval([r.before for r in runs])
-        after, a_hw = interval([r.after for r in runs])
+        before, b_lo, b_hi = interval([r.before for r in runs])
+        after, a_lo, a_hi = interval([r.after for r in runs])
         rollouts = statistics.fmean(r.curve[-1][1] for r in runs)
         seconds = statistics.fmean(r.curve[-1][2] for r in runs)
         hits = [next((c[0] for c in r.curve if c[3] >= TARGET), None) for r in runs]
         reached = ", ".join("-" if h is None else str(h) for h in hits)
         rows.append(
-            f"| {est} | {len(runs)} | {before:.2f} ± {b_hw:.2f} | {after:.2f} ± {a_hw:.2f} | "
+            f"| {est} | {len(runs)} | {before:.2f} [{b_lo:.2f}, {b_hi:.2f}] | "
+            f"{after:.2f} [{a_lo:.2f}, {a_hi:.2f}] | "
             f"{rollouts:.0f} | {seconds:.0f} | {reached} |"
         )
+    return "\n".join(rows)
+
+
+def seeds_table(results: Sequence[Any]) -> str:
+    """One row per run: held-out success at every evaluation, so a mean hides no seed."""
+    points = sorted({c[0] for r in results for c in r.curve})
+    rows = [
+        "| estimator | seed | " + " | ".join(f"step {p}" for p in points) + " | best |",
+        "|---|---|" + "---|" * (len(points) + 1),
+    ]
+    for r in results:
+        at = {c[0]: c[3] for c in r.curve}
+        cells = " | ".join("-" if p not in at else f"{at[p]:.2f}" for p in points)
+        rows.append(f"| {r.estimator} | {r.seed} | {cells} | {max(at.values()):.2f} |")
     return "\n".join(rows)
 
 
@@ -78,9 +95,9 @@ def plot(results: Sequence[Any], estimators: Sequence[str], out: Path) -> None:
         runs = [r for r in results if r.estimator == est]
         points = len(min((r.curve for r in runs), key=len))
         stats = [interval([r.curve[i][3] for r in runs]) for i in range(points)]
-        mean = [m for m, _ in stats]
-        lo = [m - h for m, h in stats]
-        hi = [m + h for m, h in stats]
+        mean = [m for m, _, _ in stats]
+        lo = [low for _, low, _ in stats]
+        hi = [high for _, _, high in stats]
         for ax, col in zip(axes, (0, 1, 2), strict=True):
             xs = [statistics.fmean(r.curve[i][col] for r in runs) for i in range(points)]
             ax.plot(xs, mean, marker="o", label=est)
@@ -184,10 +201,20 @@ async def main(argv: Sequence[str] | None = None) -> None:
         "# Agentic RL on the relay container tasks: GRPO vs Monte Carlo advantages\n\n"
         f"{args.seeds} seeds x {cfg.steps} steps, {cfg.group_size * cfg.groups_per_step} "
         f"episodes per step, {cfg.value_rollouts} value rollouts per live state (vine), "
-        f"{cfg.eval_per_task * 4} held-out episodes per evaluation; ± is a 95% t-interval "
-        "over seeds.\n\n" + table(results, estimators) + "\n\n![held-out success](agent_rl.png)\n"
+        f"{cfg.eval_per_task * 4} held-out episodes per evaluation; [lo, hi] is a 95% "
+        "t-interval over seeds, cut to [0, 1].\n\n"
+        + table(results, estimators)
+        + "\n\nHeld-out success by run:\n\n"
+        + seeds_table(results)
+        + "\n\n![held-out success](agent_rl.png)\n"
     )
     (args.out / "agent_rl.md").write_text(text)
+    curves = [
+        {"estimator": r.estimator, "seed": r.seed, "before": r.before, "after": r.after,
+         "curve": r.curve}
+        for r in results
+    ]  # fmt: skip
+    (args.out / "agent_rl.json").write_text(json.dumps(curves, indent=1) + "\n")
     print(text)
 
 

@@ -500,6 +500,8 @@ async def train(
                     flush=True,
                 )
     result.after = await heldout_success(eval_runner, cfg.eval_per_task)
+    if verbose:
+        print(f"{tag} after {cfg.steps} steps: held-out success {result.after:.2f}", flush=True)
     end = result.steps[-1] if result.steps else None
     result.curve.append(
         (cfg.steps, end.rollouts if end else 0, end.seconds if end else 0.0, result.after)
