@@ -43,7 +43,7 @@ def burn(stop_at: float) -> None:
         pass
 
 
-def run_tier(selection: list[str], timeout: float) -> tuple[int, list[str], float]:
+def run_tier(selection: list[str], timeout: float) -> tuple[int, list[str], float, str]:
     started = time.monotonic()
     env = {**os.environ, "CI": "true"}
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection]
@@ -54,7 +54,7 @@ def run_tier(selection: list[str], timeout: float) -> tuple[int, list[str], floa
         output, code = done.stdout + done.stderr, done.returncode
     except subprocess.TimeoutExpired as exc:
         output, code = str(exc.stdout or ""), -1
-    return code, sorted(set(_FAILED.findall(output))), time.monotonic() - started
+    return code, sorted(set(_FAILED.findall(output))), time.monotonic() - started, output
 
 
 def main() -> int:
@@ -65,6 +65,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=3600, help="per run, seconds")
     parser.add_argument("--no-load", action="store_true", help="no CPU burner")
     parser.add_argument("--out", type=Path, help="append the markdown table to this file")
+    parser.add_argument("--logs", type=Path, help="keep each failed run's pytest output here")
     args = parser.parse_args()
     if not args.tier and not args.path:
         parser.error("give --tier and/or --path")
@@ -86,7 +87,11 @@ def main() -> int:
             failures: Counter[str] = Counter()
             failed_runs, seconds = 0, []
             for i in range(args.runs):
-                code, failed, took = run_tier(selection, args.timeout)
+                code, failed, took, output = run_tier(selection, args.timeout)
+                if code != 0 and args.logs is not None:  # the reasons, not only the names
+                    args.logs.mkdir(parents=True, exist_ok=True)
+                    name = f"{tier.replace(' ', '-')}-run{i + 1}.log"
+                    (args.logs / name).write_text(output)
                 failed_runs += code != 0
                 failures.update(failed or ([] if code == 0 else [f"exit {code}"]))
                 seconds.append(took)
