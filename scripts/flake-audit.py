@@ -61,7 +61,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--tier", action="append", choices=[*TIERS, "all"], default=[])
-    parser.add_argument("--path", action="append", default=[], help="test files: one row")
+    parser.add_argument(
+        "--path", action="extend", nargs="+", default=[], help="test files: one row"
+    )
     parser.add_argument("--timeout", type=float, default=3600, help="per run, seconds")
     parser.add_argument("--no-load", action="store_true", help="no CPU burner")
     parser.add_argument("--out", type=Path, help="append the markdown table to this file")
