@@ -11,7 +11,8 @@ environment to a saved mid-episode state by replay (reset + re-run the actions),
 fork (``SnapshotRestore``: replay once, commit, start later copies from the snapshot) and by
 gVisor fork (``SnapshotRestore(processes=True)`` under ``runtime="gvisor"``).
 
-    python benchmarks/bench_agent_rl.py [--seeds 3] [--steps N] [--estimator both] [--quick]
+    python benchmarks/bench_agent_rl.py [--seeds 3] [--steps N] [--estimator both]
+                                        [--value-rollouts K] [--name STEM] [--quick]
     python benchmarks/bench_agent_rl.py --restore [--repeats 4]
 """
 
@@ -167,8 +168,10 @@ async def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--estimator", choices=("grpo", "vine", "both"), default="both")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--value-rollouts", type=int, default=None, help="per live state (vine)")
     parser.add_argument("--quick", action="store_true", help="the example's short config")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--name", default="agent_rl", help="stem of the .md/.png/.json written")
     parser.add_argument("--restore", action="store_true", help="measure restore costs only")
     parser.add_argument("--repeats", type=int, default=4)
     args = parser.parse_args(argv)
@@ -193,10 +196,12 @@ async def main(argv: Sequence[str] | None = None) -> None:
     if args.steps is not None:
         cfg.steps = args.steps
     cfg.eval_every = args.eval_every
+    if args.value_rollouts is not None:
+        cfg.value_rollouts = args.value_rollouts
     estimators = ("grpo", "vine") if args.estimator == "both" else (args.estimator,)
     results = await loop.run_all(estimators, list(range(args.seeds)), cfg)
     args.out.mkdir(parents=True, exist_ok=True)
-    plot(results, estimators, args.out / "agent_rl.png")
+    plot(results, estimators, args.out / f"{args.name}.png")
     text = (
         "# Agentic RL on the relay container tasks: GRPO vs Monte Carlo advantages\n\n"
         f"{args.seeds} seeds x {cfg.steps} steps, {cfg.group_size * cfg.groups_per_step} "
@@ -206,15 +211,15 @@ async def main(argv: Sequence[str] | None = None) -> None:
         + table(results, estimators)
         + "\n\nHeld-out success by run:\n\n"
         + seeds_table(results)
-        + "\n\n![held-out success](agent_rl.png)\n"
+        + f"\n\n![held-out success]({args.name}.png)\n"
     )
-    (args.out / "agent_rl.md").write_text(text)
+    (args.out / f"{args.name}.md").write_text(text)
     curves = [
         {"estimator": r.estimator, "seed": r.seed, "before": r.before, "after": r.after,
          "curve": r.curve}
         for r in results
     ]  # fmt: skip
-    (args.out / "agent_rl.json").write_text(json.dumps(curves, indent=1) + "\n")
+    (args.out / f"{args.name}.json").write_text(json.dumps(curves, indent=1) + "\n")
     print(text)
 
 
