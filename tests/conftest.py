@@ -1,4 +1,5 @@
-"""Suite-wide rule: under ``CI=true`` a skip is a failure (the opt-in ``gpu`` tier aside).
+"""Suite-wide rules: under ``CI=true`` a skip is a failure (the opt-in ``gpu`` tier aside),
+and every process the suite starts carries its owner mark.
 
 Tests and fixtures say ``pytest.skip(reason)`` / ``pytest.importorskip(...)`` when something
 they need is missing; locally that skips, in CI this hook turns it into a failure naming
@@ -7,12 +8,22 @@ the reason, so a tier that cannot run is never reported as passing.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import pytest
 
+from llenvs_async.backends._vllm_orphans import marked_engine_start
 from tests._support import in_ci
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _owner_marked_processes() -> Iterator[None]:
+    """Engines, servers and examples the suite starts carry this session's owner mark, so
+    ``llenvs-async cleanup`` ends what a killed run left (a fixture's own ``AsyncLLM`` or
+    ``vllm serve`` included, not only engines built through the backend)."""
+    with marked_engine_start():
+        yield
 
 
 def _reason(longrepr: Any) -> str:

@@ -98,6 +98,8 @@ def test_a_process_that_ignores_sigterm_is_killed_after_the_bounded_wait(
 
 
 def test_marking_is_undone_after_start_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_vllm_orphans, "_depth", 0)  # outside the suite's own marking
+    monkeypatch.setattr(_vllm_orphans, "_saved", {})
     monkeypatch.delenv(OWNER_ENV, raising=False)
     monkeypatch.setenv("SPT_NOENV", "kept")
     with marked_engine_start(), marked_engine_start():
