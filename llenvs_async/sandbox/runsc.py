@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -30,6 +31,18 @@ PLATFORM_ENV = "LLENVS_GVISOR_PLATFORM"
 """gVisor platform: ``ptrace`` (default, works anywhere) or ``kvm`` (needs ``/dev/kvm``)."""
 _DEFAULT_ROOT = "/run/llenvs-gvisor"
 _INSTALL_HINT = "run scripts/ensure-gvisor.sh (make gvisor), or set LLENVS_RUNSC"
+_GO_CRASH = re.compile(r"^(?:panic|fatal error): .*$", re.M)
+
+
+def failure_text(stderr: bytes, limit: int = 500) -> str:
+    """What a failed runsc said, cut to ``limit`` characters from its end, with a Go crash's
+    first line kept: a panic's cause comes first and its goroutine stacks after it."""
+    text = stderr.decode(errors="replace").strip()
+    tail = text[-limit:]
+    crash = _GO_CRASH.search(text)
+    if crash is None or crash.group(0) in tail:
+        return tail
+    return f"{crash.group(0)[:limit]} [...] {tail}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,8 +108,7 @@ class Runsc:
             if log is not None:
                 err = await asyncio.to_thread(log.read_bytes)
             raise ContainerError(
-                f"runsc {what or args[0]} failed (exit {proc.returncode}): "
-                f"{err.decode(errors='replace').strip()[-500:]}"
+                f"runsc {what or args[0]} failed (exit {proc.returncode}): {failure_text(err)}"
             )
         return (out or b"").decode(errors="replace")
 
