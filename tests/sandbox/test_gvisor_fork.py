@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,9 +16,10 @@ import pytest
 from llenvs_async._ownership import current_owner
 from llenvs_async.adapters.harbor import HarborAdapter, HarborEnvironment, SnapshotRestore
 from llenvs_async.docker import BASE_IMAGE, DockerEngine
-from llenvs_async.errors import RestoreError
+from llenvs_async.errors import ContainerError, RestoreError
 from llenvs_async.sandbox import Runsc, Sandbox
 from llenvs_async.sandbox import sandbox as sandbox_module
+from llenvs_async.sandbox.fork import SandboxCheckpoint
 from llenvs_async.types import Action, State
 from tests._support import require_built_images
 
@@ -205,3 +206,64 @@ async def test_nothing_left_after_a_cancel(runsc: Runsc, task_dir: Path) -> None
             finally:
                 for env in envs:
                     await env.aclose()
+
+
+def failing_restores(monkeypatch: pytest.MonkeyPatch, failures: int) -> list[int]:
+    """Make the first ``failures`` restores fail as runsc's crash did; the calls made."""
+    real = SandboxCheckpoint._restore
+    calls: list[int] = []
+
+    async def restore(self: SandboxCheckpoint, labels: Mapping[str, str]) -> Sandbox:
+        calls.append(1)
+        if len(calls) <= failures:
+            raise ContainerError("runsc restore llenvs-x failed (exit 128): panic: injected")
+        return await real(self, labels)
+
+    monkeypatch.setattr(SandboxCheckpoint, "_restore", restore)
+    return calls
+
+
+async def test_a_restore_runsc_fails_is_tried_once_more(
+    runsc: Runsc, task_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls = failing_restores(monkeypatch, failures=1)
+    async with HarborAdapter(runtime="gvisor") as adapter:
+        state = await prefix_state(adapter, task_dir, ("SECRET=kept",))
+        async with SnapshotRestore(processes=True) as restore:
+            envs = [await adapter.get_environment(task_dir, None) for _ in range(3)]
+            try:
+                await asyncio.gather(*(restore(env, state) for env in envs))
+                outputs = await asyncio.gather(*(env.probe("echo $SECRET") for env in envs))
+            finally:
+                for env in envs:
+                    await env.aclose()
+    assert outputs == ["kept"] * 3
+    assert restore.stats.forks == 2 and restore.stats.fallbacks == 0
+    assert len(calls) == 4  # the lead's resume and two forks, one of them twice
+    retried = [r.getMessage() for r in caplog.records if "trying once more" in r.getMessage()]
+    assert len(retried) == 1 and "panic: injected" in retried[0], retried
+
+
+async def test_a_lead_whose_restore_fails_twice_raises_it_and_leaves_nothing(
+    runsc: Runsc, task_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lead's own resume fails: it raises runsc's error (not a task group's), the
+    waiting restore replays instead, and no sandbox or checkpoint stays (the fixture)."""
+    failing_restores(monkeypatch, failures=2)
+    async with HarborAdapter(runtime="gvisor") as adapter:
+        state = await prefix_state(adapter, task_dir, ("SECRET=kept",))
+        async with SnapshotRestore(processes=True) as restore:
+            envs = [await adapter.get_environment(task_dir, None) for _ in range(2)]
+            try:
+                results = await asyncio.gather(
+                    *(restore(env, state) for env in envs), return_exceptions=True
+                )
+            finally:
+                for env in envs:
+                    await env.aclose()
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert len(errors) == 1 and type(errors[0]) is ContainerError, results
+    assert "panic: injected" in str(errors[0])
+    replayed = [r for r in results if isinstance(r, State)]
+    assert [s.info["restore"]["method"] for s in replayed] == ["replay"]
+    assert "panic: injected" in replayed[0].info["restore"]["fallback_reason"]
