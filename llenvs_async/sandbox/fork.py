@@ -68,7 +68,7 @@ class SandboxCheckpoint:
 
         A restore runsc fails is tried once more in a new sandbox (logged with runsc's
         reason): on two loaded cores runsc 2022-12 crashed (a Go panic) in about one restore
-        of a thousand, the image intact.
+        of a thousand.
         """
         try:
             sandbox = await self._restore(labels)
