@@ -11,9 +11,15 @@ environment to a saved mid-episode state by replay (reset + re-run the actions),
 fork (``SnapshotRestore``: replay once, commit, start later copies from the snapshot) and by
 gVisor fork (``SnapshotRestore(processes=True)`` under ``runtime="gvisor"``).
 
-    python benchmarks/bench_agent_rl.py [--seeds 3] [--steps N] [--estimator both]
-                                        [--value-rollouts K] [--name STEM] [--quick]
+    python benchmarks/bench_agent_rl.py [--seeds 3] [--first-seed 0] [--steps N]
+                                        [--estimator both] [--value-rollouts K]
+                                        [--name STEM] [--quick]
+    python benchmarks/bench_agent_rl.py --combine A.json B.json ... [--name STEM]
     python benchmarks/bench_agent_rl.py --restore [--repeats 4]
+
+A long sweep can run one seed per command (``--seeds 1 --first-seed S --name STEM_sS``), each
+writing its own JSON as it ends, and ``--combine`` then writes the table and plot of them all:
+a sweep cut off part-way keeps the seeds it finished.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -165,6 +172,7 @@ async def restore_costs(repeats: int) -> dict[str, dict[int, float]]:
 async def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--estimator", choices=("grpo", "vine", "both"), default="both")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--eval-every", type=int, default=5)
@@ -174,6 +182,7 @@ async def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--name", default="agent_rl", help="stem of the .md/.png/.json written")
     parser.add_argument("--restore", action="store_true", help="measure restore costs only")
     parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--combine", type=Path, nargs="+", help="merge these runs' JSON files")
     args = parser.parse_args(argv)
     if args.restore:
         rows = ["| restore | after 1 action | after 2 | after 3 |", "|---|---|---|---|"]
@@ -189,38 +198,69 @@ async def main(argv: Sequence[str] | None = None) -> None:
             + "\n"
         )
         return
-    sys.path.insert(0, str(EXAMPLES))
-    import train_agent_rl as loop
+    if args.combine:
+        config, results = combine(args.combine)
+    else:
+        sys.path.insert(0, str(EXAMPLES))
+        import train_agent_rl as loop
 
-    cfg = loop.Config.quick() if args.quick else loop.Config()
-    if args.steps is not None:
-        cfg.steps = args.steps
-    cfg.eval_every = args.eval_every
-    if args.value_rollouts is not None:
-        cfg.value_rollouts = args.value_rollouts
-    estimators = ("grpo", "vine") if args.estimator == "both" else (args.estimator,)
-    results = await loop.run_all(estimators, list(range(args.seeds)), cfg)
-    args.out.mkdir(parents=True, exist_ok=True)
-    plot(results, estimators, args.out / f"{args.name}.png")
+        cfg = loop.Config.quick() if args.quick else loop.Config()
+        if args.steps is not None:
+            cfg.steps = args.steps
+        cfg.eval_every = args.eval_every
+        if args.value_rollouts is not None:
+            cfg.value_rollouts = args.value_rollouts
+        estimators = ("grpo", "vine") if args.estimator == "both" else (args.estimator,)
+        seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+        results = await loop.run_all(estimators, seeds, cfg)
+        config = {
+            "steps": cfg.steps,
+            "episodes_per_step": cfg.group_size * cfg.groups_per_step,
+            "value_rollouts": cfg.value_rollouts,
+            "heldout_episodes": cfg.eval_per_task * 4,
+        }
+    print(write(results, config, args.out, args.name))
+
+
+def combine(paths: Sequence[Path]) -> tuple[dict[str, Any], list[Any]]:
+    """The runs of several of this bench's JSON files, which must share one configuration."""
+    config: dict[str, Any] | None = None
+    results: list[Any] = []
+    for path in paths:
+        data = json.loads(path.read_text())
+        if config is not None and data["config"] != config:
+            raise SystemExit(f"{path}: config {data['config']} differs from {config}")
+        config = data["config"]
+        results += [SimpleNamespace(**run) for run in data["runs"]]
+    assert config is not None  # argparse requires at least one path
+    return config, results
+
+
+def write(results: Sequence[Any], config: dict[str, Any], out: Path, name: str) -> str:
+    """Write ``name``.md (tables), .png (curves) and .json (every run's curve) under ``out``."""
+    estimators = [e for e in ("grpo", "vine") if any(r.estimator == e for r in results)]
+    seeds = len({r.seed for r in results})
+    out.mkdir(parents=True, exist_ok=True)
+    plot(results, estimators, out / f"{name}.png")
     text = (
         "# Agentic RL on the relay container tasks: GRPO vs Monte Carlo advantages\n\n"
-        f"{args.seeds} seeds x {cfg.steps} steps, {cfg.group_size * cfg.groups_per_step} "
-        f"episodes per step, {cfg.value_rollouts} value rollouts per live state (vine), "
-        f"{cfg.eval_per_task * 4} held-out episodes per evaluation; [lo, hi] is a 95% "
+        f"{seeds} seeds x {config['steps']} steps, {config['episodes_per_step']} episodes per "
+        f"step, {config['value_rollouts']} value rollouts per live state (vine), "
+        f"{config['heldout_episodes']} held-out episodes per evaluation; [lo, hi] is a 95% "
         "t-interval over seeds, cut to [0, 1].\n\n"
         + table(results, estimators)
         + "\n\nHeld-out success by run:\n\n"
         + seeds_table(results)
-        + f"\n\n![held-out success]({args.name}.png)\n"
+        + f"\n\n![held-out success]({name}.png)\n"
     )
-    (args.out / f"{args.name}.md").write_text(text)
-    curves = [
+    (out / f"{name}.md").write_text(text)
+    runs = [
         {"estimator": r.estimator, "seed": r.seed, "before": r.before, "after": r.after,
-         "curve": r.curve}
+         "curve": [list(c) for c in r.curve]}
         for r in results
     ]  # fmt: skip
-    (args.out / f"{args.name}.json").write_text(json.dumps(curves, indent=1) + "\n")
-    print(text)
+    (out / f"{name}.json").write_text(json.dumps({"config": config, "runs": runs}, indent=1) + "\n")
+    return text
 
 
 if __name__ == "__main__":
