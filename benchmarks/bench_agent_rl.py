@@ -217,7 +217,7 @@ async def main(argv: Sequence[str] | None = None) -> None:
             "steps": cfg.steps,
             "episodes_per_step": cfg.group_size * cfg.groups_per_step,
             "value_rollouts": cfg.value_rollouts,
-            "heldout_episodes": cfg.eval_per_task * 4,
+            "heldout_episodes": cfg.eval_per_task * len(loop.HELDOUT_NAMES),
         }
     print(write(results, config, args.out, args.name))
 
@@ -256,7 +256,7 @@ def write(results: Sequence[Any], config: dict[str, Any], out: Path, name: str) 
     (out / f"{name}.md").write_text(text)
     runs = [
         {"estimator": r.estimator, "seed": r.seed, "before": r.before, "after": r.after,
-         "curve": [list(c) for c in r.curve]}
+         "curve": r.curve}
         for r in results
     ]  # fmt: skip
     (out / f"{name}.json").write_text(json.dumps({"config": config, "runs": runs}, indent=1) + "\n")
