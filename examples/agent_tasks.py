@@ -108,16 +108,27 @@ def build_tasks(root: str | Path) -> tuple[Path, Path]:
     return splits[0], splits[1]
 
 
+Files = frozenset[str]  # the extensions present in /app/w: "src", "tmp", "out"
+START: Files = frozenset({"src"})
+
+
+def apply(files: Files, command: int) -> Files:
+    """The files after one command (the container's rule, in Python); a command that fails
+    (publishing with no copy, removing what is gone) changes nothing."""
+    if command == 0 and "src" in files:
+        return files | {"tmp"}
+    if command == 1 and "tmp" in files:
+        return (files - {"tmp"}) | {"out"}
+    if command == 2 and "src" in files:
+        return files - {"src"}
+    return files
+
+
 def succeeds(choices: tuple[int, ...]) -> bool:
     """Whether a sequence of command indices solves a task (the verifier's rule, in Python)."""
-    files = {"src"}
+    files = START
     for c in choices:
-        if c == 0 and "src" in files:
-            files.add("tmp")
-        elif c == 1 and "tmp" in files:
-            files = (files - {"tmp"}) | {"out"}
-        elif c == 2 and "src" in files:
-            files.discard("src")
+        files = apply(files, c)
     return files == {"out"}
 
 
@@ -125,6 +136,36 @@ def chance_success(actions: int = MAX_ACTIONS) -> float:
     """Success probability of a policy picking uniformly among the commands."""
     seqs = list(itertools.product(range(len(COMMANDS)), repeat=actions))
     return sum(succeeds(s) for s in seqs) / len(seqs)
+
+
+def reachable(actions: int = MAX_ACTIONS) -> list[Files]:
+    """Every file set an episode can show before its last action, in a stable order."""
+    seen, frontier = [START], [START]
+    for _ in range(actions - 1):
+        frontier = [apply(f, c) for f in frontier for c in range(len(COMMANDS))]
+        seen += [f for f in dict.fromkeys(frontier) if f not in seen]
+    return seen
+
+
+def listing_of(name: str, files: Files) -> str:
+    """The files as ``ls`` lists them in the task's container ("(none)" for none)."""
+    return "\n".join(f"{name}.{ext}" for ext in sorted(files)) or "(none)"
+
+
+def expected_success(choice: dict[Files, tuple[float, ...]], actions: int = MAX_ACTIONS) -> float:
+    """Exact success probability of a policy that, seeing ``files``, runs command ``c`` with
+    probability ``choice[files][c]``; the rest of the mass (a reply that is none of the
+    listed calls) wastes the action, as a malformed call does."""
+
+    def value(files: Files, left: int) -> float:
+        if left == 0 or files == {"out"}:  # a solved task stays solved: every command fails
+            return float(files == {"out"})
+        probs = choice[files]
+        stay = 1.0 - sum(probs)
+        after = sum(p * value(apply(files, c), left - 1) for c, p in enumerate(probs))
+        return after + stay * value(files, left - 1)
+
+    return value(START, actions)
 
 
 if __name__ == "__main__":

@@ -51,9 +51,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling examples, as modules
 
+import agent_tasks as relay
 import train_tiny_rl as tiny
 from _agent_rl_logprobs import shared_prefix_logprobs
-from agent_tasks import COMMANDS, HELDOUT_NAMES, MAX_ACTIONS, TRAIN_NAMES, build_tasks
+from agent_tasks import COMMANDS, HELDOUT_NAMES, MAX_ACTIONS, START, TRAIN_NAMES, build_tasks
 
 from llenvs_async import SamplingParams, State, Trajectory, TrajectoryRunner
 from llenvs_async.adapters.harbor import HarborAdapter, SnapshotRestore
@@ -100,6 +101,10 @@ class StepLog:
     removed_first: float  # share of the batch's episodes that began with the irrecoverable rm
     rollouts: int  # so far, value estimation included
     seconds: float  # since RL started
+    clipped: float = 0.0  # share of the batch's tokens outside PPO's clip range
+    drift: float = 0.0  # mean |trainer logprob - engine logprob| before the update
+    exact: float = math.nan  # held-out success of the updated policy, exactly (exact_success)
+    rm_prob: float = math.nan  # its probability of the irrecoverable first move (held-out)
     heldout: float | None = None
 
 
@@ -187,11 +192,13 @@ class AgentPolicy(tiny.Policy):
         """As the base class's, running the prompts' shared system block once."""
         return shared_prefix_logprobs(self.model, pairs)
 
-    def train(self, samples: Sequence[tuple[Transition, float]]) -> float:
+    def train(self, samples: Sequence[tuple[Transition, float]]) -> tuple[float, float]:
         """``ppo_epochs`` PPO-clip steps on one batch (token mean) with GRPO's KL penalty to
         the warmed-up policy; the learning rate ramps up over ``lr_ramp`` batches and the
         gradient norm is clipped at 1: without them one Adam step (sign-like while its
-        moments are fresh) breaks the format."""
+        moments are fresh) breaks the format. Returns the first epoch's clipped share of
+        tokens and mean |trainer - engine| logprob: where the engine serves other weights
+        than the trainer's, both rise and the update stalls."""
         import torch
 
         if self.reference is None:
@@ -203,10 +210,16 @@ class AgentPolicy(tiny.Policy):
         self.rl_steps += 1
         for group in self.optimizer.param_groups:
             group["lr"] = self.cfg.lr * min(1.0, self.rl_steps / self.cfg.lr_ramp)
-        loss = math.nan
+        stats: tuple[float, float] | None = None
         for _ in range(self.cfg.ppo_epochs):
             terms = []
-            for lp, lp_old, lp_ref, w in zip(self.logprobs(pairs), old, ref, weights, strict=True):
+            new = self.logprobs(pairs)
+            if stats is None:
+                gaps = torch.cat([lp.detach() - o for lp, o in zip(new, old, strict=True)])
+                ratio = gaps.exp()
+                out = (ratio < 1 - self.cfg.clip) | (ratio > 1 + self.cfg.clip)
+                stats = float(out.float().mean()), float(gaps.abs().mean())
+            for lp, lp_old, lp_ref, w in zip(new, old, ref, weights, strict=True):
                 a = torch.tensor(w)
                 ratio = torch.exp(lp - lp_old)
                 clipped = ratio.clamp(1 - self.cfg.clip, 1 + self.cfg.clip)
@@ -218,8 +231,8 @@ class AgentPolicy(tiny.Policy):
             total.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
             self.optimizer.step()
-            loss = float(total.detach())
-        return loss
+        assert stats is not None
+        return stats
 
     def warm_up(self, observations: Sequence[str]) -> float:
         """Supervised steps: random relay prompts, labels uniform over the listed commands."""
@@ -238,6 +251,54 @@ class AgentPolicy(tiny.Policy):
             total = -sum(lp.sum() for lp in logprobs) / sum(lp.numel() for lp in logprobs)
             loss = tiny._step(optimizer, total)
         return loss
+
+
+def state_prompt(name: str, files: relay.Files) -> str:
+    """The prompt ``markov_prompt`` builds for task ``name`` when the files are ``files``."""
+    head = relay.instruction(name).partition("Files now:\n")[0]
+    return f"{head}Files now:\n{relay.listing_of(name, files)}"
+
+
+def check_prompts(policy: AgentPolicy, batch: Sequence[Trajectory]) -> None:
+    """Raise unless every step's prompt, as the engine tokenised it, is the one
+    ``state_prompt`` rebuilds from the task's name and files: ``exact_success`` is only
+    exact if it asks the policy what the engine asked it."""
+    for t in batch:
+        for tr in t.transitions:
+            if tr.completion is None:
+                continue
+            text = markov_prompt(tr.state, ())[0].content
+            assert isinstance(text, str)
+            name = text.partition(".")[0].removeprefix("F=")
+            shown = text.partition("Files now:\n")[2].splitlines()
+            files = frozenset(f.rpartition(".")[2] for f in shown if f != "(none)")
+            rebuilt = state_prompt(name, files)
+            if rebuilt != text or policy.prompt_ids(text) != list(tr.completion.prompt_token_ids):
+                raise RuntimeError(f"the engine's prompt for {name} {sorted(files)} is not "
+                                   f"the rebuilt one: {text!r} vs {rebuilt!r}")  # fmt: skip
+
+
+def choice_table(policy: AgentPolicy, name: str) -> dict[relay.Files, tuple[float, ...]]:
+    """The trainer's probability of each listed call at every file set task ``name`` can
+    show, computed from its logprobs (no sampling); ``check_prompts`` proves the prompts
+    are the engine's."""
+    import torch
+
+    states = relay.reachable()
+    pairs = [(policy.prompt_ids(state_prompt(name, f)), c) for f in states for c in policy.calls]
+    with torch.no_grad():
+        probs = [float(lp.sum().exp()) for lp in shared_prefix_logprobs(policy.model, pairs)]
+    k = len(policy.calls)
+    return {files: tuple(probs[i * k : (i + 1) * k]) for i, files in enumerate(states)}
+
+
+def exact_success(policy: AgentPolicy, names: Sequence[str]) -> tuple[float, float]:
+    """The policy's exact success probability, averaged over the tasks ``names`` (a reply
+    other than the listed calls counted as a wasted action), and its mean probability of
+    the irrecoverable first move: what a sampled evaluation estimates, without its noise."""
+    tables = [choice_table(policy, n) for n in names]
+    success = statistics.fmean(relay.expected_success(t) for t in tables)
+    return success, statistics.fmean(t[START][2] for t in tables)
 
 
 def warmup_observations(instructions: Sequence[str], seed: int) -> list[str]:
@@ -451,7 +512,12 @@ async def train(
     result.curve.append((0, 0, 0.0, before))
     tag = f"[{estimator} seed {cfg.seed}]"
     if verbose:
-        print(f"{tag} after format warm-up: held-out success {before:.2f}", flush=True)
+        exact, rm_prob = exact_success(policy, HELDOUT_NAMES)
+        print(
+            f"{tag} after format warm-up: held-out success {before:.2f} (exact {exact:.2f}, "
+            f"p(rm-first) {rm_prob:.2f})",
+            flush=True,
+        )
     rng = random.Random(cfg.seed)
     tasks = (rng.randrange(len(TRAIN_NAMES)) for _ in itertools.count())
     start, rollouts = time.monotonic(), 0
@@ -464,6 +530,8 @@ async def train(
             groups = [await anext(stream) for _ in range(cfg.groups_per_step)]
             batch = [t for g in groups for t in g]
             staleness, failed = tiny.staleness_and_failures(batch, version)
+            if step == 0:
+                check_prompts(policy, batch)
             rollouts += len(batch)
             if estimator == "grpo":
                 samples = [s for g in groups for s in grpo_advantages(g)]
@@ -471,7 +539,8 @@ async def train(
                 samples, extra = await vine_advantages(train_runner, batch, cfg.value_rollouts)
                 samples = whiten(samples)
                 rollouts += extra
-            await asyncio.to_thread(policy.train, penalise_format_errors(samples))
+            clipped, drift = await asyncio.to_thread(policy.train, penalise_format_errors(samples))
+            exact, rm_prob = await asyncio.to_thread(exact_success, policy, HELDOUT_NAMES)
             version += 1
             weights = policy.model.named_parameters()
             await backend.update_weights(weights, version=version, mode="keep")
@@ -485,6 +554,10 @@ async def train(
                 removed_first=removed_first(batch),
                 rollouts=rollouts,
                 seconds=time.monotonic() - start,
+                clipped=clipped,
+                drift=drift,
+                exact=exact,
+                rm_prob=rm_prob,
             )
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
                 log.heldout = await heldout_success(eval_runner, cfg.eval_per_task)
@@ -496,7 +569,8 @@ async def train(
                     f"{tag} step {step:3d}  success {log.success:.2f}  staleness {staleness}  "
                     f"versions {list(log.versions)}  failed {failed}  rollouts {rollouts:5d}  "
                     f"format-errors {log.format_errors:.2f}  rm-first {log.removed_first:.2f}  "
-                    f"{log.seconds:6.1f}s{held}",
+                    f"clipped {clipped:.2f}  drift {drift:.3f}  exact {exact:.2f}  p(rm-first) "
+                    f"{rm_prob:.2f}  {log.seconds:6.1f}s{held}",
                     flush=True,
                 )
     result.after = await heldout_success(eval_runner, cfg.eval_per_task)
@@ -542,6 +616,8 @@ async def main(argv: Sequence[str] | None = None) -> list[RunResult]:
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=None, help="RL learning rate")
+    parser.add_argument("--group-size", type=int, default=None, help="episodes per task")
+    parser.add_argument("--groups-per-step", type=int, default=None, help="tasks per step")
     parser.add_argument("--value-rollouts", type=int, default=None, help="per live state (vine)")
     parser.add_argument("--eval-per-task", type=int, default=None, help="held-out episodes")
     parser.add_argument("--quick", action="store_true", help="the test suite's short run")
@@ -551,6 +627,10 @@ async def main(argv: Sequence[str] | None = None) -> list[RunResult]:
         cfg.steps = args.steps
     if args.lr is not None:
         cfg.lr = args.lr
+    if args.group_size is not None:
+        cfg.group_size = args.group_size
+    if args.groups_per_step is not None:
+        cfg.groups_per_step = args.groups_per_step
     if args.value_rollouts is not None:
         cfg.value_rollouts = args.value_rollouts
     if args.eval_per_task is not None:

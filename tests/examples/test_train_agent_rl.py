@@ -10,6 +10,8 @@ did not within 40 steps (docs/agent-rl.md), and a test that fails one run in fiv
 
 from __future__ import annotations
 
+import itertools
+import random
 import re
 from collections.abc import Callable
 from types import ModuleType
@@ -80,6 +82,44 @@ async def test_vine_advantages_blame_the_irrecoverable_first_move(example: Modul
     assert advantages[3:] == pytest.approx([0.0, 0.0, 0.0])  # on track: nothing to credit
 
 
+def test_expected_success_is_the_exact_probability() -> None:
+    """The recursion against an independent enumeration of every 4-action sequence (a
+    listed command, or a wasted action), on chance, on perfect and fatal policies and on a
+    random table with mass outside the listed calls."""
+    relay = load_example("agent_tasks.py")
+    states = relay.reachable()
+    assert relay.START in states and frozenset() in states and frozenset({"out"}) in states
+
+    def enumerated(choice: dict[frozenset[str], tuple[float, ...]]) -> float:
+        total = 0.0
+        for seq in itertools.product(range(4), repeat=relay.MAX_ACTIONS):  # 3 = wasted
+            files, p = relay.START, 1.0
+            for c in seq:
+                probs = choice.get(files, (0.0, 0.0, 0.0))
+                p *= probs[c] if c < 3 else 1.0 - sum(probs)
+                files = relay.apply(files, c) if c < 3 else files
+            total += p * (files == {"out"})
+        return total
+
+    uniform = {f: (1 / 3,) * 3 for f in states}
+    assert relay.expected_success(uniform) == pytest.approx(13 / 81)
+    assert relay.expected_success(uniform) == pytest.approx(relay.chance_success())
+    perfect = {f: (0.0, 0.0, 0.0) for f in states}
+    perfect |= {relay.START: (1, 0, 0), frozenset({"src", "tmp"}): (0, 1, 0),
+                frozenset({"src", "out"}): (0, 0, 1)}  # fmt: skip
+    assert relay.expected_success(perfect) == 1.0
+    fatal = {f: (0.0, 0.0, 1.0) if f == relay.START else (1 / 3,) * 3 for f in states}
+    assert relay.expected_success(fatal) == 0.0
+    rng = random.Random(0)
+    for _ in range(5):
+        table = {}
+        for f in states:
+            raw = [rng.random() for _ in range(4)]
+            table[f] = tuple(x / sum(raw) for x in raw[:3])  # a quarter-ish wasted
+        got = relay.expected_success(table)
+        assert 0.0 < got < 1.0 and got == pytest.approx(enumerated(table), abs=1e-12)
+
+
 def test_grpo_advantages_are_normalised_within_the_group(example: ModuleType) -> None:
     won, _ = _trajectory(task=0, rewards=[0.0, 1.0])
     lost, _ = _trajectory(task=0, rewards=[0.0, 0.0])
@@ -113,7 +153,8 @@ def test_a_malformed_call_is_penalised_only_where_it_left_the_syntax(
 
 _STEP = re.compile(
     r"^\[(\w+) seed \d+\] step +\d+ +success ([\d.]+) +staleness (\d+) .* rollouts +(\d+) +"
-    r"format-errors ([\d.]+) +rm-first ([\d.]+)"
+    r"format-errors ([\d.]+) +rm-first ([\d.]+) +clipped ([\d.]+) +drift ([\d.]+) +"
+    r"exact ([\d.]+) +p\(rm-first\) ([\d.]+)"
 )
 _FINAL = re.compile(r"^held-out success \((\w+)\): ([\d.]+) -> ([\d.]+)$")
 
@@ -136,7 +177,9 @@ def test_quick_run_trains_both_estimators_in_containers(
     for line in out.splitlines():
         if m := _STEP.match(line):
             steps[m[1]].append((int(m[3]), int(m[4])))
-            assert 0.0 <= float(m[5]) <= 1.0 and 0.0 <= float(m[6]) <= 1.0, line
+            # shares and probabilities; the drift is a mean |logprob gap|
+            assert all(0.0 <= float(m[i]) <= 1.0 for i in (5, 6, 7, 9, 10)), line
+            assert float(m[8]) >= 0.0, line
         elif m := _FINAL.match(line):
             final[m[1]] = (float(m[2]), float(m[3]))
     assert set(final) == {"grpo", "vine"}, out
