@@ -152,10 +152,13 @@ def listing_of(name: str, files: Files) -> str:
     return "\n".join(f"{name}.{ext}" for ext in sorted(files)) or "(none)"
 
 
-def expected_success(choice: dict[Files, tuple[float, ...]], actions: int = MAX_ACTIONS) -> float:
-    """Exact success probability of a policy that, seeing ``files``, runs command ``c`` with
-    probability ``choice[files][c]``; the rest of the mass (a reply that is none of the
-    listed calls) wastes the action, as a malformed call does."""
+def expected_success(
+    choice: dict[Files, tuple[float, ...]], actions: int = MAX_ACTIONS, start: Files = START
+) -> float:
+    """Exact success probability, from ``start`` with ``actions`` left, of a policy that,
+    seeing ``files``, runs command ``c`` with probability ``choice[files][c]``; the rest of
+    the mass (a reply that is none of the listed calls) wastes the action, as a malformed
+    call does."""
 
     def value(files: Files, left: int) -> float:
         if left == 0 or files == {"out"}:  # a solved task stays solved: every command fails
@@ -165,7 +168,7 @@ def expected_success(choice: dict[Files, tuple[float, ...]], actions: int = MAX_
         after = sum(p * value(apply(files, c), left - 1) for c, p in enumerate(probs))
         return after + stay * value(files, left - 1)
 
-    return value(START, actions)
+    return value(start, actions)
 
 
 if __name__ == "__main__":

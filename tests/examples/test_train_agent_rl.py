@@ -108,6 +108,10 @@ def test_expected_success_is_the_exact_probability() -> None:
     perfect |= {relay.START: (1, 0, 0), frozenset({"src", "tmp"}): (0, 1, 0),
                 frozenset({"src", "out"}): (0, 0, 1)}  # fmt: skip
     assert relay.expected_success(perfect) == 1.0
+    # from a later state: publish-then-remove or remove-then-publish, 2 of 9 pairs
+    copied = frozenset({"src", "tmp"})
+    assert relay.expected_success(uniform, actions=2, start=copied) == pytest.approx(2 / 9)
+    assert relay.expected_success(uniform, actions=1, start=copied) == 0.0
     fatal = {f: (0.0, 0.0, 1.0) if f == relay.START else (1 / 3,) * 3 for f in states}
     assert relay.expected_success(fatal) == 0.0
     rng = random.Random(0)

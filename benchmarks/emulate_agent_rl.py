@@ -1,0 +1,189 @@
+"""The relay RL loop without the engine or containers, ~3 s a step: for tuning, not for results.
+
+``examples/train_agent_rl.py`` costs ~11 s a step (GRPO) to ~50 s (vine) here, so a sweep of
+its knobs over seeds takes hours. This emulation keeps what decides learning: the same tiny
+model, warm-up and ``AgentPolicy.train`` update (PPO-clip, KL, ramp, clipping), staleness 1,
+the relay tasks' own transition rule (``agent_tasks.apply``), GRPO's normalisation and the
+TD errors of vine, and the exact held-out success of ``exact_success``. It samples a command
+from the trainer's probability of each listed call (``choice_table``) instead of
+generating tokens: a reply that is none of them wastes the action and is not trained on
+(the real loop gives it -1 on the token where it broke), so it says nothing about the
+format. Vine's values are exact (the policy's success probability from each state, ``--K
+0``) or means of K sampled rollouts, as ``estimate_values`` would measure them.
+
+    python benchmarks/emulate_agent_rl.py [--estimator grpo|vine] [--K 0] [--steps 40]
+        [--seeds 0 1 2] [--lr 3e-4] [--groups 4] [--group-size 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+
+import agent_tasks as relay
+import train_agent_rl as loop
+from _agent_rl_logprobs import shared_prefix_logprobs
+
+Table = dict[relay.Files, list[tuple[list[int], list[int], Any]]]  # (prompt, call, logprobs)
+
+
+def tables(policy: loop.AgentPolicy, names: tuple[str, ...]) -> dict[str, Table]:
+    """Per task and file set, each listed call with its per-token logprobs under ``policy``."""
+    import torch
+
+    keys = [(n, f) for n in names for f in relay.reachable()]
+    pairs = [(policy.prompt_ids(loop.state_prompt(n, f)), c) for n, f in keys for c in policy.calls]
+    with torch.no_grad():
+        lps = shared_prefix_logprobs(policy.model, pairs)
+    out: dict[str, Table] = {}
+    k = len(policy.calls)
+    for i, (n, f) in enumerate(keys):
+        out.setdefault(n, {})[f] = [(*pairs[i * k + c], lps[i * k + c]) for c in range(k)]
+    return out
+
+
+def probabilities(table: Table) -> dict[relay.Files, tuple[float, ...]]:
+    return {f: tuple(float(lp.sum().exp()) for _, _, lp in calls) for f, calls in table.items()}
+
+
+def pick(probs: tuple[float, ...], rng: random.Random) -> int | None:
+    """A listed command's index, or None for the rest of the mass (a wasted action)."""
+    x = rng.random()
+    for c, p in enumerate(probs):
+        x -= p
+        if x < 0:
+            return c
+    return None
+
+
+def episode(
+    choice: dict[relay.Files, tuple[float, ...]], rng: random.Random
+) -> tuple[list[tuple[relay.Files, int | None]], float]:
+    files, steps = relay.START, []
+    for _ in range(relay.MAX_ACTIONS):
+        c = pick(choice[files], rng)  # once solved, every command fails: files stay
+        steps.append((files, c))
+        files = files if c is None else relay.apply(files, c)
+    return steps, float(files == {"out"})
+
+
+def value(
+    choice: dict[relay.Files, tuple[float, ...]],
+    files: relay.Files,
+    left: int,
+    k: int,
+    rng: random.Random,
+) -> float:
+    """V(files, actions left): exact (k = 0) or the mean of k sampled rollouts."""
+    if left == 0 or files == {"out"}:
+        return float(files == {"out"})
+    if k == 0:
+        return relay.expected_success(choice, actions=left, start=files)
+    wins = 0
+    for _ in range(k):
+        f = files
+        for _ in range(left):
+            c = pick(choice[f], rng)
+            f = f if c is None else relay.apply(f, c)
+        wins += f == {"out"}
+    return wins / k
+
+
+def advantages(
+    batch: list[tuple[str, list[Any]]],
+    estimator: str,
+    choices: dict[str, Any],
+    k: int,
+    rng: random.Random,
+) -> list[tuple[str, relay.Files, int, float]]:
+    """(task, files, command, advantage) for every listed command the batch ran."""
+    out = []
+    if estimator == "grpo":
+        for name, group in batch:
+            returns = [r for _, r in group]
+            mean, std = statistics.fmean(returns), statistics.pstdev(returns)
+            out += [(name, f, c, (r - mean) / (std + 1e-4))
+                    for steps, r in group for f, c in steps if c is not None]  # fmt: skip
+        return out
+    cache: dict[tuple[str, relay.Files, int], float] = {}
+
+    def v(name: str, files: relay.Files, left: int) -> float:
+        if (name, files, left) not in cache:
+            cache[name, files, left] = value(choices[name], files, left, k, rng)
+        return cache[name, files, left]
+
+    for name, group in batch:
+        for steps, r in group:
+            for t, (f, c) in enumerate(steps):
+                left = relay.MAX_ACTIONS - t
+                after = f if c is None else relay.apply(f, c)
+                td = (r if left == 1 else v(name, after, left - 1)) - v(name, f, left)
+                if c is not None:
+                    out.append((name, f, c, td))
+    std = statistics.pstdev(a for *_, a in out) if len(out) > 1 else 0.0
+    return [(n, f, c, a / (std + 1e-4)) for n, f, c, a in out]  # whitened, as the loop does
+
+
+def run(args: argparse.Namespace, seed: int) -> list[float]:
+    """One run; prints a line per step and returns the exact held-out success curve."""
+    from llenvs_async.testing.tiny_model import cached_tiny_model
+
+    cfg = loop.Config(seed=seed, lr=args.lr)
+    policy = loop.AgentPolicy(str(cached_tiny_model()), cfg, [loop.BASH_TOOL])
+    policy.warm_up(loop.warmup_observations([relay.instruction(n) for n in relay.TRAIN_NAMES],
+                                            seed))  # fmt: skip
+    curve = [loop.exact_success(policy, relay.HELDOUT_NAMES)[0]]
+    rng, start = random.Random(seed), time.monotonic()
+    sampling = tables(policy, relay.TRAIN_NAMES)
+    for step in range(args.steps):
+        current = tables(policy, relay.TRAIN_NAMES)  # sampling lags one update: staleness 1
+        choices = {n: probabilities(t) for n, t in sampling.items()}
+        names = [rng.choice(relay.TRAIN_NAMES) for _ in range(args.groups)]
+        batch = [(n, [episode(choices[n], rng) for _ in range(args.group_size)]) for n in names]
+        samples = []
+        for name, files, c, a in advantages(batch, args.estimator, choices, args.K, rng):
+            prompt, call, lp = sampling[name][files][c]
+            done = SimpleNamespace(prompt_token_ids=prompt, token_ids=call, logprobs=lp.tolist())
+            samples.append((SimpleNamespace(completion=done, info={}), a))
+        clipped, drift = policy.train(samples) if samples else (0.0, 0.0)
+        sampling = current
+        exact, rm = loop.exact_success(policy, relay.HELDOUT_NAMES)
+        curve.append(exact)
+        success = statistics.fmean(r for _, g in batch for _, r in g)
+        print(f"[{args.estimator} seed {seed}] step {step:3d}  success {success:.2f}  exact "
+              f"{exact:.2f}  p(rm-first) {rm:.2f}  clipped {clipped:.2f}  drift {drift:.3f}  "
+              f"{time.monotonic() - start:5.0f}s", flush=True)  # fmt: skip
+    return curve
+
+
+def main() -> None:
+    import torch
+
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--estimator", choices=("grpo", "vine"), default="grpo")
+    parser.add_argument("--K", type=int, default=0, help="vine: rollouts per value (0: exact)")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--lr", type=float, default=loop.Config.lr)
+    parser.add_argument("--groups", type=int, default=loop.Config.groups_per_step)
+    parser.add_argument("--group-size", type=int, default=loop.Config.group_size)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    for seed in args.seeds:
+        curve = run(args, seed)
+        every = " ".join(f"{x:.2f}" for x in curve[::10])
+        print(f"[{args.estimator} seed {seed}] exact held-out every 10 steps: {every}; "
+              f"last {curve[-1]:.2f}, best {max(curve):.2f}", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""The relay-loop emulation's advantages: the credit each estimator gives a known batch."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from benchmarks import emulate_agent_rl as emu
+
+relay = emu.relay
+UNIFORM = {f: (1 / 3,) * 3 for f in relay.reachable()}
+COPY, PUBLISH, REMOVE = 0, 1, 2
+WON = ([(relay.START, COPY), (frozenset({"src", "tmp"}), PUBLISH),
+        (frozenset({"src", "out"}), REMOVE), (frozenset({"out"}), COPY)], 1.0)  # fmt: skip
+LOST = ([(relay.START, REMOVE), (frozenset(), COPY), (frozenset(), PUBLISH),
+         (frozenset(), REMOVE)], 0.0)  # fmt: skip
+
+
+def test_vine_with_exact_values_blames_the_first_remove_and_credits_the_copy() -> None:
+    batch = [("amber", [WON, LOST])]
+    out = emu.advantages(batch, "vine", {"amber": UNIFORM}, 0, random.Random(0))
+    by_step = [(f, c, a) for _, f, c, a in out]
+    assert len(by_step) == 8
+    (_, _, copy_first), (_, _, remove_first) = by_step[0], by_step[4]
+    assert copy_first > 0 > remove_first  # V(start) is 13/81; after rm it is 0
+    # after the remove nothing can change the outcome: zero credit
+    assert [a for _, _, a in by_step[5:]] == pytest.approx([0.0, 0.0, 0.0])
+    # the step after success (every command fails) earns nothing either
+    assert by_step[3][2] == pytest.approx(0.0)
+    # the raw TD error of the first remove is -V(start), before whitening
+    raw_first_remove = -relay.expected_success(UNIFORM)
+    scale = remove_first / raw_first_remove
+    assert scale > 0 and copy_first / scale == pytest.approx(
+        relay.expected_success(UNIFORM, 3, frozenset({"src", "tmp"})) - 13 / 81
+    )
+
+
+def test_grpo_credits_every_step_of_an_episode_alike() -> None:
+    out = emu.advantages([("amber", [WON, LOST])], "grpo", {}, 0, random.Random(0))
+    assert [a for *_, a in out] == pytest.approx([1.0] * 4 + [-1.0] * 4, abs=1e-3)
