@@ -5,7 +5,7 @@ its knobs over seeds takes hours. This emulation keeps what decides learning: th
 model, warm-up and ``AgentPolicy.train`` update (PPO-clip, KL, ramp, clipping), staleness 1,
 the relay tasks' own transition rule (``agent_tasks.apply``), GRPO's normalisation and the
 TD errors of vine, and the exact held-out success of ``exact_success``. It samples a command
-from the trainer's probability of each listed call (``choice_table``) instead of
+from the trainer's probability of each listed call (``call_probabilities``) instead of
 generating tokens: a reply that is none of them wastes the action and is not trained on
 (the real loop gives it -1 on the token where it broke), so it says nothing about the
 format. Vine's values are exact (the policy's success probability from each state, ``--K
@@ -30,28 +30,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
 import agent_tasks as relay
 import train_agent_rl as loop
-from _agent_rl_logprobs import shared_prefix_logprobs
-
-Table = dict[relay.Files, list[tuple[list[int], list[int], Any]]]  # (prompt, call, logprobs)
-
-
-def tables(policy: loop.AgentPolicy, names: tuple[str, ...]) -> dict[str, Table]:
-    """Per task and file set, each listed call with its per-token logprobs under ``policy``."""
-    import torch
-
-    keys = [(n, f) for n in names for f in relay.reachable()]
-    pairs = [(policy.prompt_ids(loop.state_prompt(n, f)), c) for n, f in keys for c in policy.calls]
-    with torch.no_grad():
-        lps = shared_prefix_logprobs(policy.model, pairs)
-    out: dict[str, Table] = {}
-    k = len(policy.calls)
-    for i, (n, f) in enumerate(keys):
-        out.setdefault(n, {})[f] = [(*pairs[i * k + c], lps[i * k + c]) for c in range(k)]
-    return out
-
-
-def probabilities(table: Table) -> dict[relay.Files, tuple[float, ...]]:
-    return {f: tuple(float(lp.sum().exp()) for _, _, lp in calls) for f, calls in table.items()}
 
 
 def pick(probs: tuple[float, ...], rng: random.Random) -> int | None:
@@ -142,16 +120,18 @@ def run(args: argparse.Namespace, seed: int) -> list[float]:
                                             seed))  # fmt: skip
     curve = [loop.exact_success(policy, relay.HELDOUT_NAMES)[0]]
     rng, start = random.Random(seed), time.monotonic()
-    sampling = tables(policy, relay.TRAIN_NAMES)
+    sampling = {n: loop.call_logprobs(policy, n) for n in relay.TRAIN_NAMES}
     for step in range(args.steps):
-        current = tables(policy, relay.TRAIN_NAMES)  # sampling lags one update: staleness 1
-        choices = {n: probabilities(t) for n, t in sampling.items()}
+        # sampling lags one update: staleness 1
+        current = {n: loop.call_logprobs(policy, n) for n in relay.TRAIN_NAMES}
+        choices = {n: loop.call_probabilities(t) for n, t in sampling.items()}
         names = [rng.choice(relay.TRAIN_NAMES) for _ in range(args.groups)]
         batch = [(n, [episode(choices[n], rng) for _ in range(args.group_size)]) for n in names]
         samples = []
         for name, files, c, a in advantages(batch, args.estimator, choices, args.K, rng):
-            prompt, call, lp = sampling[name][files][c]
-            done = SimpleNamespace(prompt_token_ids=prompt, token_ids=call, logprobs=lp.tolist())
+            prompt = policy.prompt_ids(loop.state_prompt(name, files))
+            lp = sampling[name][files][c].tolist()
+            done = SimpleNamespace(prompt_token_ids=prompt, token_ids=policy.calls[c], logprobs=lp)
             samples.append((SimpleNamespace(completion=done, info={}), a))
         clipped, drift = policy.train(samples) if samples else (0.0, 0.0)
         sampling = current

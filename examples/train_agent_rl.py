@@ -278,25 +278,31 @@ def check_prompts(policy: AgentPolicy, batch: Sequence[Trajectory]) -> None:
                                    f"the rebuilt one: {text!r} vs {rebuilt!r}")  # fmt: skip
 
 
-def choice_table(policy: AgentPolicy, name: str) -> dict[relay.Files, tuple[float, ...]]:
-    """The trainer's probability of each listed call at every file set task ``name`` can
-    show, computed from its logprobs (no sampling); ``check_prompts`` proves the prompts
-    are the engine's."""
+def call_logprobs(policy: AgentPolicy, name: str) -> dict[relay.Files, list[Any]]:
+    """Each listed call's per-token logprobs (no gradient) under the trainer at every file
+    set task ``name`` can show; ``check_prompts`` proves the prompts are the engine's."""
     import torch
 
     states = relay.reachable()
     pairs = [(policy.prompt_ids(state_prompt(name, f)), c) for f in states for c in policy.calls]
     with torch.no_grad():
-        probs = [float(lp.sum().exp()) for lp in shared_prefix_logprobs(policy.model, pairs)]
+        logprobs = shared_prefix_logprobs(policy.model, pairs)
     k = len(policy.calls)
-    return {files: tuple(probs[i * k : (i + 1) * k]) for i, files in enumerate(states)}
+    return {files: logprobs[i * k : (i + 1) * k] for i, files in enumerate(states)}
+
+
+def call_probabilities(
+    logprobs: dict[relay.Files, list[Any]],
+) -> dict[relay.Files, tuple[float, ...]]:
+    """Per file set, the probability of each listed call (its tokens' logprobs summed)."""
+    return {f: tuple(float(lp.sum().exp()) for lp in calls) for f, calls in logprobs.items()}
 
 
 def exact_success(policy: AgentPolicy, names: Sequence[str]) -> tuple[float, float]:
     """The policy's exact success probability, averaged over the tasks ``names`` (a reply
     other than the listed calls counted as a wasted action), and its mean probability of
     the irrecoverable first move: what a sampled evaluation estimates, without its noise."""
-    tables = [choice_table(policy, n) for n in names]
+    tables = [call_probabilities(call_logprobs(policy, n)) for n in names]
     success = statistics.fmean(relay.expected_success(t) for t in tables)
     return success, statistics.fmean(t[START][2] for t in tables)
 
