@@ -6,10 +6,13 @@ model, warm-up and ``AgentPolicy.train`` update (PPO-clip, KL, ramp, clipping), 
 the relay tasks' own transition rule (``agent_tasks.apply``), GRPO's normalisation and the
 TD errors of vine, and the exact held-out success of ``exact_success``. It samples a command
 from the trainer's probability of each listed call (``call_probabilities``) instead of
-generating tokens: a reply that is none of them wastes the action and is not trained on
-(the real loop gives it -1 on the token where it broke), so it says nothing about the
-format. Vine's values are exact (the policy's success probability from each state, ``--K
-0``) or means of K sampled rollouts, as ``estimate_values`` would measure them.
+generating tokens. A reply that is none of them (the rest of the mass) wastes the action
+and, as in the real loop, gets -1 on the token where it left the call syntax: the reply
+is sampled from the trainer's model until it is not a listed call (the engine would have
+sampled it from the policy one update older). Vine's values are exact (the policy's
+success probability from each state, ``--K 0``) or means of K sampled rollouts, as
+``estimate_values`` would measure them. Each line shows ``listed``: the listed calls'
+mean probability over the train tasks' file sets.
 
     python benchmarks/emulate_agent_rl.py [--estimator grpo|vine] [--K 0] [--steps 40]
         [--seeds 0 1 2] [--lr 3e-4] [--groups 4] [--group-size 4]
@@ -81,16 +84,18 @@ def advantages(
     choices: dict[str, Any],
     k: int,
     rng: random.Random,
-) -> list[tuple[str, relay.Files, int, float]]:
-    """(task, files, command, advantage) for every listed command the batch ran."""
-    out = []
+) -> list[tuple[str, relay.Files, int | None, float]]:
+    """(task, files, command, advantage) for every step the batch ran; a reply off the
+    listed calls (command None) gets ``FORMAT_ADVANTAGE``, as ``penalise_format_errors``
+    gives it in the loop (after vine's whitening)."""
+    out: list[tuple[str, relay.Files, int | None, float]] = []
     if estimator == "grpo":
         for name, group in batch:
             returns = [r for _, r in group]
             mean, std = statistics.fmean(returns), statistics.pstdev(returns)
             out += [(name, f, c, (r - mean) / (std + 1e-4))
-                    for steps, r in group for f, c in steps if c is not None]  # fmt: skip
-        return out
+                    for steps, r in group for f, c in steps]  # fmt: skip
+        return [(n, f, c, a if c is not None else loop.FORMAT_ADVANTAGE) for n, f, c, a in out]
     cache: dict[tuple[str, relay.Files, int], float] = {}
 
     def v(name: str, files: relay.Files, left: int) -> float:
@@ -104,10 +109,33 @@ def advantages(
                 left = relay.MAX_ACTIONS - t
                 after = f if c is None else relay.apply(f, c)
                 td = (r if left == 1 else v(name, after, left - 1)) - v(name, f, left)
-                if c is not None:
-                    out.append((name, f, c, td))
+                out.append((name, f, c, td))
     std = statistics.pstdev(a for *_, a in out) if len(out) > 1 else 0.0
-    return [(n, f, c, a / (std + 1e-4)) for n, f, c, a in out]  # whitened, as the loop does
+    # whitened, as the loop does, then the off-call replies penalised
+    return [(n, f, c, a / (std + 1e-4) if c is not None else loop.FORMAT_ADVANTAGE)
+            for n, f, c, a in out]  # fmt: skip
+
+
+def off_call_reply(policy: Any, prompt: list[int], rng: random.Random) -> list[int] | None:
+    """A reply sampled from the trainer's model that is none of the listed calls (up to 4
+    batches of 32 samples; None if every one was a listed call)."""
+    import torch
+
+    torch.manual_seed(rng.randrange(2**31))
+    longest = max(len(c) for c in policy.calls)
+    eos = policy.calls[0][-1]
+    ids = torch.tensor([prompt])
+    for _ in range(4):
+        with torch.no_grad():
+            out = policy.model.generate(
+                ids, do_sample=True, top_k=0, max_new_tokens=longest + 4,
+                num_return_sequences=32, pad_token_id=eos,
+            )  # fmt: skip
+        for row in out[:, len(prompt) :].tolist():
+            reply = row[: row.index(eos) + 1] if eos in row else row
+            if reply not in policy.calls:
+                return reply
+    return None
 
 
 def run(args: argparse.Namespace, seed: int) -> list[float]:
@@ -130,17 +158,26 @@ def run(args: argparse.Namespace, seed: int) -> list[float]:
         samples = []
         for name, files, c, a in advantages(batch, args.estimator, choices, args.K, rng):
             prompt = policy.prompt_ids(loop.state_prompt(name, files))
-            lp = sampling[name][files][c].tolist()
-            done = SimpleNamespace(prompt_token_ids=prompt, token_ids=policy.calls[c], logprobs=lp)
-            samples.append((SimpleNamespace(completion=done, info={}), a))
+            info: dict[str, str] = {}
+            if c is None:  # its old logprobs are the trainer's: ratio 1, no staleness
+                reply = off_call_reply(policy, prompt, rng)
+                if reply is None:
+                    continue
+                (lp,) = policy.logprobs([(prompt, reply)])
+                tokens, old, info = reply, lp.detach().tolist(), {"parse_error": "off-call"}
+            else:
+                tokens, old = policy.calls[c], sampling[name][files][c].tolist()
+            done = SimpleNamespace(prompt_token_ids=prompt, token_ids=tokens, logprobs=old)
+            samples.append((SimpleNamespace(completion=done, info=info), a))
         clipped, drift = policy.train(samples) if samples else (0.0, 0.0)
         sampling = current
         exact, rm = loop.exact_success(policy, relay.HELDOUT_NAMES)
         curve.append(exact)
         success = statistics.fmean(r for _, g in batch for _, r in g)
+        listed = statistics.fmean(sum(p) for t in choices.values() for p in t.values())
         print(f"[{args.estimator} seed {seed}] step {step:3d}  success {success:.2f}  exact "
-              f"{exact:.2f}  p(rm-first) {rm:.2f}  clipped {clipped:.2f}  drift {drift:.3f}  "
-              f"{time.monotonic() - start:5.0f}s", flush=True)  # fmt: skip
+              f"{exact:.2f}  p(rm-first) {rm:.2f}  listed {listed:.2f}  clipped {clipped:.2f}  "
+              f"drift {drift:.3f}  {time.monotonic() - start:5.0f}s", flush=True)  # fmt: skip
     return curve
 
 

@@ -39,3 +39,23 @@ def test_vine_with_exact_values_blames_the_first_remove_and_credits_the_copy() -
 def test_grpo_credits_every_step_of_an_episode_alike() -> None:
     out = emu.advantages([("amber", [WON, LOST])], "grpo", {}, 0, random.Random(0))
     assert [a for *_, a in out] == pytest.approx([1.0] * 4 + [-1.0] * 4, abs=1e-3)
+
+
+def test_a_reply_off_the_listed_calls_gets_the_format_penalty_under_both_estimators() -> None:
+    won = ([(relay.START, None), *WON[0][:3]], 1.0)  # the wasted first action, then a win
+    for estimator in ("grpo", "vine"):
+        out = emu.advantages([("amber", [won, LOST])], estimator, {"amber": UNIFORM}, 0,
+                             random.Random(0))  # fmt: skip
+        assert out[0][2] is None
+        assert out[0][3] == emu.loop.FORMAT_ADVANTAGE
+        assert out[1][3] > 0  # the copy after it still gets credit
+
+
+def test_an_off_call_reply_is_sampled_from_the_model_and_is_none_of_the_calls() -> None:
+    from llenvs_async.testing.tiny_model import cached_tiny_model
+
+    policy = emu.loop.AgentPolicy(str(cached_tiny_model()), emu.loop.Config(), [emu.loop.BASH_TOOL])
+    prompt = policy.prompt_ids(emu.loop.state_prompt("amber", relay.START))
+    reply = emu.off_call_reply(policy, prompt, random.Random(0))
+    assert reply is not None and reply not in policy.calls  # an untrained model: mostly off
+    assert reply == emu.off_call_reply(policy, prompt, random.Random(0))  # seeded
