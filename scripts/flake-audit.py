@@ -16,6 +16,7 @@ import argparse
 import multiprocessing
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -34,6 +35,7 @@ TIERS = {
     "trainers": "trainers",
     "standards": "standards",
 }
+_INTERRUPT_WAIT = 120.0  # for pytest's teardown after SIGINT
 _FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.M)
 
 
@@ -44,17 +46,44 @@ def burn(stop_at: float) -> None:
 
 
 def run_tier(selection: list[str], timeout: float) -> tuple[int, list[str], float, str]:
+    """One fresh pytest run of ``selection``: exit code, failed tests, seconds, output."""
     started = time.monotonic()
+    code, output = finish(start_pytest(selection), timeout)
+    return code, sorted(set(_FAILED.findall(output))), time.monotonic() - started, output
+
+
+def start_pytest(selection: list[str]) -> subprocess.Popen[str]:
     env = {**os.environ, "CI": "true"}
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection]
+    return subprocess.Popen(
+        argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def finish(proc: subprocess.Popen[str], timeout: float) -> tuple[int, str]:
+    """The run's exit code and output. Past ``timeout`` it is interrupted as Ctrl-C would
+    (its fixtures tear down; code -1), and killed if that takes over ``_INTERRUPT_WAIT``."""
     try:
-        done = subprocess.run(
-            argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
-        )
-        output, code = done.stdout + done.stderr, done.returncode
-    except subprocess.TimeoutExpired as exc:
-        output, code = str(exc.stdout or ""), -1
-    return code, sorted(set(_FAILED.findall(output))), time.monotonic() - started, output
+        output, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, output
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        try:
+            output, _ = proc.communicate(timeout=_INTERRUPT_WAIT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output, _ = proc.communicate()
+        return -1, f"{output}\n(timed out after {timeout:.0f} s)"
+
+
+def reap_leftovers() -> list[str]:
+    """What the finished run left (containers, sandboxes, images, engine processes),
+    removed by ``llenvs-async cleanup`` (its owner is gone): one leak would load, and
+    fail, every later run."""
+    cli = Path(sys.executable).parent / "llenvs-async"
+    done = subprocess.run([cli, "cleanup"], capture_output=True, text=True, timeout=600)
+    lines = (done.stdout + done.stderr).splitlines()
+    return [line for line in lines if line.startswith(("removed", "ended"))]
 
 
 def main() -> int:
@@ -87,9 +116,12 @@ def main() -> int:
     try:
         for tier, selection in selections.items():
             failures: Counter[str] = Counter()
-            failed_runs, seconds = 0, []
+            failed_runs, seconds, left = 0, [], []
             for i in range(args.runs):
                 code, failed, took, output = run_tier(selection, args.timeout)
+                leaked = reap_leftovers()
+                left += leaked
+                output += "".join(f"\nleft behind: {line}" for line in leaked)
                 if code != 0 and args.logs is not None:  # the reasons, not only the names
                     args.logs.mkdir(parents=True, exist_ok=True)
                     name = f"{tier.replace(' ', '-')}-run{i + 1}.log"
@@ -97,10 +129,15 @@ def main() -> int:
                 failed_runs += code != 0
                 failures.update(failed or ([] if code == 0 else [f"exit {code}"]))
                 seconds.append(took)
-                print(f"{tier} run {i + 1}/{args.runs}: exit {code} in {took:.0f} s {failed}")
+                print(
+                    f"{tier} run {i + 1}/{args.runs}: exit {code} in {took:.0f} s {failed}"
+                    + "".join(f"; left behind: {line}" for line in leaked),
+                    flush=True,
+                )
             names = ", ".join(f"{n} ({c}x)" for n, c in failures.most_common()) or "-"
             rows.append(
-                f"| {tier} | {args.runs} | {failed_runs} | {max(seconds):.0f} s | {names} |"
+                f"| {tier} | {args.runs} | {failed_runs} | {max(seconds):.0f} s | {names} "
+                f"| {'; '.join(left) or '-'} |"
             )
     finally:
         for burner in burners:
@@ -113,8 +150,8 @@ def main() -> int:
             f"Flake audit {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {load}, CI=true"
             + listed,
             "",
-            "| tier | runs | failed runs | slowest run | failing tests |",
-            "|---|---|---|---|---|",
+            "| tier | runs | failed runs | slowest run | failing tests | left behind |",
+            "|---|---|---|---|---|---|",
             *rows,
         ]
     )
