@@ -21,6 +21,7 @@ mean probability over the train tasks' file sets.
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import statistics
 import sys
@@ -181,6 +182,37 @@ def run(args: argparse.Namespace, seed: int) -> list[float]:
     return curve
 
 
+def run_tabular(args: argparse.Namespace, seed: int) -> list[float]:
+    """The control: a softmax table per file set instead of the model (it tells every state
+    apart, and nothing else), updated by plain policy-gradient steps of size ``--lr`` on
+    the same batches and advantages. What it shows is the estimators' credit alone."""
+    rng = random.Random(seed)
+    states = relay.reachable()
+    logits = {f: [0.0, 0.0, 0.0] for f in states}
+
+    def table() -> dict[relay.Files, tuple[float, ...]]:
+        out = {}
+        for f, z in logits.items():
+            e = [math.exp(x - max(z)) for x in z]
+            out[f] = tuple(x / sum(e) for x in e)
+        return out
+
+    curve = [relay.expected_success(table())]
+    for step in range(args.steps):
+        choices = table()
+        names = [rng.choice(relay.TRAIN_NAMES) for _ in range(args.groups)]
+        batch = [(n, [episode(choices, rng) for _ in range(args.group_size)]) for n in names]
+        samples = advantages(batch, args.estimator, dict.fromkeys(names, choices), args.K, rng)
+        for _, files, c, a in samples:
+            assert c is not None  # the table has no mass off the listed calls
+            for i, p in enumerate(choices[files]):
+                logits[files][i] += args.lr * a * ((i == c) - p) / len(samples)
+        curve.append(relay.expected_success(table()))
+        print(f"[{args.estimator} tabular seed {seed}] step {step:3d}  exact {curve[-1]:.2f}  "
+              f"p(rm-first) {table()[relay.START][2]:.2f}", flush=True)  # fmt: skip
+    return curve
+
+
 def main() -> None:
     import torch
 
@@ -193,10 +225,14 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=loop.Config.groups_per_step)
     parser.add_argument("--group-size", type=int, default=loop.Config.group_size)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--policy", choices=("model", "tabular"), default="model",
+        help="tabular: a logit table per file set (the estimators' control)",
+    )  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     for seed in args.seeds:
-        curve = run(args, seed)
+        curve = run(args, seed) if args.policy == "model" else run_tabular(args, seed)
         every = " ".join(f"{x:.2f}" for x in curve[::10])
         print(f"[{args.estimator} seed {seed}] exact held-out every 10 steps: {every}; "
               f"last {curve[-1]:.2f}, best {max(curve):.2f}", flush=True)  # fmt: skip
