@@ -12,10 +12,11 @@ is sampled from the trainer's model until it is not a listed call (the engine wo
 sampled it from the policy one update older). Vine's values are exact (the policy's
 success probability from each state, ``--K 0``) or means of K sampled rollouts, as
 ``estimate_values`` would measure them. Each line shows ``listed``: the listed calls'
-mean probability over the train tasks' file sets.
+mean probability over the train tasks' file sets. ``--policy tabular`` swaps the model
+for a table of logits per file set (``run_tabular``): the estimators' credit alone.
 
     python benchmarks/emulate_agent_rl.py [--estimator grpo|vine] [--K 0] [--steps 40]
-        [--seeds 0 1 2] [--lr 3e-4] [--groups 4] [--group-size 4]
+        [--seeds 0 1 2] [--lr 3e-4] [--groups 4] [--group-size 4] [--policy model|tabular]
 """
 
 from __future__ import annotations
