@@ -61,18 +61,22 @@ def start_pytest(selection: list[str]) -> subprocess.Popen[str]:
 
 
 def finish(proc: subprocess.Popen[str], timeout: float) -> tuple[int, str]:
-    """The run's exit code and output. Past ``timeout`` it is interrupted as Ctrl-C would
-    (its fixtures tear down; code -1), and killed if that takes over ``_INTERRUPT_WAIT``."""
+    """The run's exit code and output. Past ``timeout``, or when the audit itself is
+    interrupted, it is interrupted as Ctrl-C would (its fixtures tear down; code -1), and
+    killed if that takes over ``_INTERRUPT_WAIT``. (The test suite's ``run_child`` does
+    the same inside a test, where the outcome is a ``pytest.fail``.)"""
     try:
         output, _ = proc.communicate(timeout=timeout)
         return proc.returncode, output
-    except subprocess.TimeoutExpired:
+    except BaseException as exc:
         proc.send_signal(signal.SIGINT)
         try:
             output, _ = proc.communicate(timeout=_INTERRUPT_WAIT)
         except subprocess.TimeoutExpired:
             proc.kill()
             output, _ = proc.communicate()
+        if not isinstance(exc, subprocess.TimeoutExpired):
+            raise
         return -1, f"{output}\n(timed out after {timeout:.0f} s)"
 
 
