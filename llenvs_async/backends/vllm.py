@@ -118,7 +118,8 @@ class VLLMBackend(AsyncResource):
             # As `vllm serve --reasoning-parser`: a forced call's grammar waits for the reasoning.
             engine_kwargs = {"reasoning_parser": reasoning_parser, **engine_kwargs}
         self._owns_engine = engine is None
-        self._engine: EngineLike = (
+        # None once an owned engine is shut down: the reference is released with it
+        self._owned: EngineLike | None = (
             engine if engine is not None else build_engine(str(model), engine_kwargs)
         )
         self._tokenizer = tokenizer
@@ -175,6 +176,14 @@ class VLLMBackend(AsyncResource):
     @property
     def engine(self) -> EngineLike:
         return self._engine
+
+    @property
+    def _engine(self) -> EngineLike:
+        """The engine; ``ClosedError`` once the one we built is shut down and released
+        (vLLM's ``AsyncLLM.__del__`` shuts it down again, which fails at interpreter exit)."""
+        if self._owned is None:
+            raise ClosedError("VLLMBackend")
+        return self._owned
 
     @property
     def policy_version(self) -> int | None:
@@ -372,7 +381,10 @@ class VLLMBackend(AsyncResource):
         await self._weights.switch(named_tensors, version, mode, EngineSwap(self._engine))
 
     async def _abort(self, request_id: str) -> None:
-        """Abort in the engine, shielded from cancellation and bounded by ``abort_timeout``."""
+        """Abort in the engine, shielded from cancellation and bounded by ``abort_timeout``
+        (nothing to abort in an engine we already shut down)."""
+        if self._owned is None:
+            return
         try:
             await shielded(self._engine.abort(request_id), within=self._abort_timeout)
         except Exception as exc:  # the request is being abandoned anyway: log, do not mask
@@ -388,4 +400,5 @@ class VLLMBackend(AsyncResource):
             return
         self._closed = True
         if self._owns_engine:
-            self._engine.shutdown()
+            engine, self._owned = self._engine, None
+            engine.shutdown()

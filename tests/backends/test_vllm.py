@@ -6,6 +6,7 @@ import asyncio
 import importlib.util
 import re
 import sys
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -288,20 +289,31 @@ async def test_user_engine_is_not_shut_down_and_closed_backend_refuses_work() ->
     assert engine.requests == []
 
 
-async def test_owned_engine_is_shut_down_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    engine = FakeAsyncLLM()
+async def test_owned_engine_is_shut_down_once_and_released(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Released, not only shut down: a backend that lives on to interpreter exit would keep
+    the engine to then, and vLLM's ``AsyncLLM.__del__`` shuts it down again and fails
+    (``shutdown_prometheus`` is None by then)."""
     seen: dict[str, Any] = {}
+    built: list[FakeAsyncLLM] = []
 
     def fake_build(model: str, kwargs: Mapping[str, Any]) -> FakeAsyncLLM:
         seen.update(model=model, kwargs=dict(kwargs))
-        return engine
+        built.append(FakeAsyncLLM())
+        return built[-1]
 
     monkeypatch.setattr("llenvs_async.backends.vllm.build_engine", fake_build)
     backend = VLLMBackend.from_engine_args(model="tiny", max_model_len=256)
     assert seen == {"model": "tiny", "kwargs": {"max_model_len": 256}}
+    assert backend.engine is built[0]
     await backend.aclose()
     await backend.aclose()
-    assert engine.shutdown_calls == 1
+    assert built[0].shutdown_calls == 1
+    with pytest.raises(ClosedError):
+        backend.engine  # noqa: B018
+    released = weakref.ref(built.pop())
+    assert released() is None  # the backend, still alive, holds no reference to it
 
 
 @pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
