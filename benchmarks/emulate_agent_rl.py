@@ -17,6 +17,7 @@ for a table of logits per file set (``run_tabular``): the estimators' credit alo
 
     python benchmarks/emulate_agent_rl.py [--estimator grpo|vine] [--K 0] [--steps 40]
         [--seeds 0 1 2] [--lr 3e-4] [--groups 4] [--group-size 4] [--policy model|tabular]
+        [--reads-listing 0.5]
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def run(args: argparse.Namespace, seed: int) -> list[float]:
     """One run; prints a line per step and returns the exact held-out success curve."""
     from llenvs_async.testing.tiny_model import cached_tiny_model
 
-    cfg = loop.Config(seed=seed, lr=args.lr)
+    cfg = loop.Config(seed=seed, lr=args.lr, warmup_reads_listing=args.reads_listing)
     policy = loop.AgentPolicy(str(cached_tiny_model()), cfg, [loop.BASH_TOOL])
     policy.warm_up(loop.warmup_observations([relay.instruction(n) for n in relay.TRAIN_NAMES],
                                             seed))  # fmt: skip
@@ -226,6 +227,10 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=loop.Config.groups_per_step)
     parser.add_argument("--group-size", type=int, default=loop.Config.group_size)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--reads-listing", type=float, default=loop.Config.warmup_reads_listing,
+        help="share of warm-up labels paired with a listing that has the command's file",
+    )  # fmt: skip
     parser.add_argument(
         "--policy", choices=("model", "tabular"), default="model",
         help="tabular: a logit table per file set (the estimators' control)",

@@ -112,16 +112,19 @@ Files = frozenset[str]  # the extensions present in /app/w: "src", "tmp", "out"
 START: Files = frozenset({"src"})
 
 
+INPUTS = ("src", "tmp", "src")  # the file each command needs: without it, the command fails
+
+
 def apply(files: Files, command: int) -> Files:
     """The files after one command (the container's rule, in Python); a command that fails
     (publishing with no copy, removing what is gone) changes nothing."""
-    if command == 0 and "src" in files:
+    if INPUTS[command] not in files:
+        return files
+    if command == 0:
         return files | {"tmp"}
-    if command == 1 and "tmp" in files:
+    if command == 1:
         return (files - {"tmp"}) | {"out"}
-    if command == 2 and "src" in files:
-        return files - {"src"}
-    return files
+    return files - {"src"}
 
 
 def succeeds(choices: tuple[int, ...]) -> bool:
@@ -150,6 +153,12 @@ def reachable(actions: int = MAX_ACTIONS) -> list[Files]:
 def listing_of(name: str, files: Files) -> str:
     """The files as ``ls`` lists them in the task's container ("(none)" for none)."""
     return "\n".join(f"{name}.{ext}" for ext in sorted(files)) or "(none)"
+
+
+def files_shown(prompt: str) -> Files:
+    """The file set a prompt's listing (after "Files now:") shows: ``listing_of`` undone."""
+    shown = prompt.partition("Files now:\n")[2].splitlines()
+    return frozenset(f.rpartition(".")[2] for f in shown if f and f != "(none)")
 
 
 def expected_success(

@@ -7,10 +7,14 @@ engine with the hermes tool-call parser. Episodes are the Harbor "relay" tasks o
 ``action_format="tools"``: every action is a ``bash`` tool call. Rollouts come from
 ``runner.stream`` with a staleness bound; weights are pushed in flight (``mode="keep"``).
 
-Warm-up (before RL): supervised steps on the tool-call FORMAT only. Each prompt is a relay
-prompt of the train split (the instruction, and a listing with random files); each label is
-a ``bash`` call of a command drawn uniformly from the three listed, independent of the
-prompt: it never sees which command is right (success after it is measured, not assumed).
+Warm-up (before RL): supervised steps on the tool-call format and on what each command
+needs. Each prompt is a relay prompt of the train split (the instruction, and a listing with
+random files); each label is a ``bash`` call of one of the three listed commands, each
+command equally often; half of the labels go with a listing that has the file the command
+needs (``$F.src`` for cp and rm, ``$F.tmp`` for mv), the rest with any listing
+(``warmup_batch``). It teaches the choice to depend on the listing, never the order: at the
+start copying and removing the original need the same file and stay equally likely (success
+after it is measured, not assumed).
 
 The policy sees, at every step, the instruction and the last tool result (the task is
 Markov in it): a prompt builder, so a rollout from a restored state sees what the original
@@ -78,6 +82,9 @@ class Config:
     ppo_epochs: int = 1  # optimizer steps per batch (4 broke the format within 9 steps)
     warmup_steps: int = 160
     warmup_lr: float = 3e-3
+    # share of warm-up labels paired with a listing that has the command's input file; 0
+    # left the choice blind to the listing, and RL rarely taught it to look (docs/agent-rl.md)
+    warmup_reads_listing: float = 0.5
     value_rollouts: int = 4  # Monte Carlo rollouts per distinct live state (vine)
     eval_per_task: int = 8  # held-out episodes per held-out task, per evaluation
     eval_every: int = 0  # also evaluate every N steps (0: before and after only)
@@ -166,7 +173,8 @@ def tool_call_text(command: str) -> str:
 
 
 class AgentPolicy(tiny.Policy):
-    """The trainer's model; the warm-up teaches the tool-call format of the listed commands."""
+    """The trainer's model; the warm-up teaches the tool-call format of the listed commands
+    and what each needs."""
 
     def __init__(self, model_dir: str, cfg: Any, tools: Sequence[Any]) -> None:
         super().__init__(model_dir, cfg)
@@ -235,19 +243,17 @@ class AgentPolicy(tiny.Policy):
         return stats
 
     def warm_up(self, observations: Sequence[str]) -> float:
-        """Supervised steps: random relay prompts, labels uniform over the listed commands."""
+        """Supervised steps on random relay prompts, labelled by ``warmup_batch``."""
         import torch
 
         rng = random.Random(self.cfg.seed)
-        labels = self.calls
         prompts = [self.prompt_ids(o) for o in observations]
+        files = [relay.files_shown(o) for o in observations]
         optimizer = torch.optim.Adam(self.model.parameters(), lr=self.cfg.warmup_lr)
         loss = math.nan
         for _ in range(self.cfg.warmup_steps):
-            batch = labels * 6  # the same number of each command: no bias to any
-            rng.shuffle(batch)
-            pairs = [(rng.choice(prompts), label) for label in batch]
-            logprobs = self.logprobs(pairs)
+            batch = warmup_batch(files, self.cfg.warmup_reads_listing, rng)
+            logprobs = self.logprobs([(prompts[i], self.calls[c]) for i, c in batch])
             total = -sum(lp.sum() for lp in logprobs) / sum(lp.numel() for lp in logprobs)
             loss = tiny._step(optimizer, total)
         return loss
@@ -270,8 +276,7 @@ def check_prompts(policy: AgentPolicy, batch: Sequence[Trajectory]) -> None:
             text = markov_prompt(tr.state, ())[0].content
             assert isinstance(text, str)
             name = text.partition(".")[0].removeprefix("F=")
-            shown = text.partition("Files now:\n")[2].splitlines()
-            files = frozenset(f.rpartition(".")[2] for f in shown if f != "(none)")
+            files = relay.files_shown(text)
             rebuilt = state_prompt(name, files)
             if rebuilt != text or policy.prompt_ids(text) != list(tr.completion.prompt_token_ids):
                 raise RuntimeError(f"the engine's prompt for {name} {sorted(files)} is not "
@@ -319,6 +324,23 @@ def warmup_observations(instructions: Sequence[str], seed: int) -> list[str]:
             files = [f"{name}.{ext}" for ext in ("out", "src", "tmp") if rng.random() < 0.5]
             prompts.append(f"{head}Files now:\n" + ("\n".join(files) or "(none)"))
     return prompts
+
+
+def warmup_batch(
+    files: Sequence[relay.Files], reads_listing: float, rng: random.Random
+) -> list[tuple[int, int]]:
+    """One warm-up step's (prompt index, command) pairs: each command 6 times (no bias to
+    any); with probability ``reads_listing`` a command goes to a prompt whose listing has
+    the file it needs (``relay.INPUTS``), else to any prompt. So the choice comes to depend
+    on the listing, and says nothing of the order: copying and removing the original need
+    the same file, so at the start they stay equally likely."""
+    having = [[i for i, f in enumerate(files) if need in f] for need in relay.INPUTS]
+    commands = list(range(len(COMMANDS))) * 6
+    rng.shuffle(commands)
+    return [
+        (rng.choice(having[c]) if rng.random() < reads_listing else rng.randrange(len(files)), c)
+        for c in commands
+    ]
 
 
 def grpo_advantages(group: Sequence[Trajectory]) -> list[tuple[Transition, float]]:
@@ -520,7 +542,7 @@ async def train(
     if verbose:
         exact, rm_prob = exact_success(policy, HELDOUT_NAMES)
         print(
-            f"{tag} after format warm-up: held-out success {before:.2f} (exact {exact:.2f}, "
+            f"{tag} after warm-up: held-out success {before:.2f} (exact {exact:.2f}, "
             f"p(rm-first) {rm_prob:.2f})",
             flush=True,
         )

@@ -124,6 +124,31 @@ def test_expected_success_is_the_exact_probability() -> None:
         assert 0.0 < got < 1.0 and got == pytest.approx(enumerated(table), abs=1e-12)
 
 
+def test_the_warm_up_labels_read_the_listing_and_say_nothing_of_the_order(
+    example: ModuleType,
+) -> None:
+    """Over many warm-up steps: each command as often as the others; a command goes with a
+    listing that has its input file 3/4 of the time at share 1/2 (1/2, chance, at share
+    0); and at the start's listing, copying and removing the original are equally common
+    (the labels carry no order). Counts are checked within ~4 standard errors."""
+    relay = load_example("agent_tasks.py")
+    files = [frozenset(f) for f in itertools.chain.from_iterable(
+        itertools.combinations(("out", "src", "tmp"), k) for k in range(4))] * 3  # fmt: skip
+    for share, having in ((0.5, 0.75), (0.0, 0.5)):
+        rng = random.Random(1)
+        pairs = [p for _ in range(2000) for p in example.warmup_batch(files, share, rng)]
+        commands = [c for _, c in pairs]
+        assert [commands.count(c) for c in range(3)] == [12000] * 3  # exactly balanced
+        for c, need in enumerate(relay.INPUTS):
+            mine = [files[i] for i, k in pairs if k == c]
+            assert sum(need in f for f in mine) / len(mine) == pytest.approx(having, abs=0.02)
+        at_start = [c for i, c in pairs if files[i] == relay.START]
+        copy, remove = at_start.count(0), at_start.count(2)
+        assert abs(copy - remove) < 4 * (copy + remove) ** 0.5
+        if share:  # the start's listing has src, not tmp: publishing is rarer there
+            assert at_start.count(1) < 0.5 * copy
+
+
 def test_grpo_advantages_are_normalised_within_the_group(example: ModuleType) -> None:
     won, _ = _trajectory(task=0, rewards=[0.0, 1.0])
     lost, _ = _trajectory(task=0, rewards=[0.0, 0.0])
