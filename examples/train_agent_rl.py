@@ -30,6 +30,7 @@ A malformed call's penalty lands on the one token where it left the call syntax
 format hold at a learning rate that moves the command choice.
 
     python examples/train_agent_rl.py [--estimator grpo|vine|both] [--steps N] [--seed S] [--quick]
+                                      [--warmup-reads-listing 0.5]
 """
 
 from __future__ import annotations
@@ -648,6 +649,10 @@ async def main(argv: Sequence[str] | None = None) -> list[RunResult]:
     parser.add_argument("--groups-per-step", type=int, default=None, help="tasks per step")
     parser.add_argument("--value-rollouts", type=int, default=None, help="per live state (vine)")
     parser.add_argument("--eval-per-task", type=int, default=None, help="held-out episodes")
+    parser.add_argument(
+        "--warmup-reads-listing", type=float, default=None,
+        help="share of warm-up labels sent to a listing with the command's file (0: format only)",
+    )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="the test suite's short run")
     args = parser.parse_args(argv)
     cfg = Config.quick() if args.quick else Config()
@@ -663,6 +668,8 @@ async def main(argv: Sequence[str] | None = None) -> list[RunResult]:
         cfg.value_rollouts = args.value_rollouts
     if args.eval_per_task is not None:
         cfg.eval_per_task = args.eval_per_task
+    if args.warmup_reads_listing is not None:
+        cfg.warmup_reads_listing = args.warmup_reads_listing
     estimators = ("grpo", "vine") if args.estimator == "both" else (args.estimator,)
     results = await run_all(estimators, [args.seed], cfg)
     async with DockerEngine() as engine:
