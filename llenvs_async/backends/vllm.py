@@ -118,8 +118,8 @@ class VLLMBackend(AsyncResource):
             # As `vllm serve --reasoning-parser`: a forced call's grammar waits for the reasoning.
             engine_kwargs = {"reasoning_parser": reasoning_parser, **engine_kwargs}
         self._owns_engine = engine is None
-        # None once an owned engine is shut down: the reference is released with it
-        self._owned: EngineLike | None = (
+        # the engine; None once one we built is shut down: the reference goes with it
+        self._held: EngineLike | None = (
             engine if engine is not None else build_engine(str(model), engine_kwargs)
         )
         self._tokenizer = tokenizer
@@ -175,15 +175,16 @@ class VLLMBackend(AsyncResource):
 
     @property
     def engine(self) -> EngineLike:
+        """The vLLM engine (``ClosedError`` once an engine this backend built is closed)."""
         return self._engine
 
     @property
     def _engine(self) -> EngineLike:
         """The engine; ``ClosedError`` once the one we built is shut down and released
         (vLLM's ``AsyncLLM.__del__`` shuts it down again, which fails at interpreter exit)."""
-        if self._owned is None:
+        if self._held is None:
             raise ClosedError("VLLMBackend")
-        return self._owned
+        return self._held
 
     @property
     def policy_version(self) -> int | None:
@@ -383,7 +384,7 @@ class VLLMBackend(AsyncResource):
     async def _abort(self, request_id: str) -> None:
         """Abort in the engine, shielded from cancellation and bounded by ``abort_timeout``
         (nothing to abort in an engine we already shut down)."""
-        if self._owned is None:
+        if self._held is None:
             return
         try:
             await shielded(self._engine.abort(request_id), within=self._abort_timeout)
@@ -400,5 +401,5 @@ class VLLMBackend(AsyncResource):
             return
         self._closed = True
         if self._owns_engine:
-            engine, self._owned = self._engine, None
+            engine, self._held = self._engine, None
             engine.shutdown()
