@@ -147,8 +147,7 @@ def run(args: argparse.Namespace, seed: int) -> list[float]:
 
     cfg = loop.Config(seed=seed, lr=args.lr, warmup_reads_listing=args.reads_listing)
     policy = loop.AgentPolicy(str(cached_tiny_model()), cfg, [loop.BASH_TOOL])
-    policy.warm_up(loop.warmup_observations([relay.instruction(n) for n in relay.TRAIN_NAMES],
-                                            seed))  # fmt: skip
+    policy.warm_up(loop.warmup_observations(relay.TRAIN_NAMES, seed))
     curve = [loop.exact_success(policy, relay.HELDOUT_NAMES)[0]]
     rng, start = random.Random(seed), time.monotonic()
     sampling = {n: loop.call_logprobs(policy, n) for n in relay.TRAIN_NAMES}

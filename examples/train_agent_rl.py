@@ -313,18 +313,15 @@ def exact_success(policy: AgentPolicy, names: Sequence[str]) -> tuple[float, flo
     return success, statistics.fmean(t[START][2] for t in tables)
 
 
-def warmup_observations(instructions: Sequence[str], seed: int) -> list[str]:
-    """Prompts shaped like the policy's: a train task's goal and commands, then a random
-    listing: nothing in them says which command is right."""
+def warmup_observations(names: Sequence[str], seed: int) -> list[str]:
+    """Prompts shaped like the policy's (``state_prompt``): a task's goal and commands, then
+    a random listing; nothing in them says which command is right."""
     rng = random.Random(seed)
-    prompts = []
-    for instruction in instructions:
-        head = instruction.partition("Files now:\n")[0]
-        name = head.split(".", 1)[0].removeprefix("F=")
-        for _ in range(8):
-            files = [f"{name}.{ext}" for ext in ("out", "src", "tmp") if rng.random() < 0.5]
-            prompts.append(f"{head}Files now:\n" + ("\n".join(files) or "(none)"))
-    return prompts
+    return [
+        state_prompt(name, frozenset(e for e in ("out", "src", "tmp") if rng.random() < 0.5))
+        for name in names
+        for _ in range(8)
+    ]
 
 
 def warmup_batch(
@@ -522,7 +519,6 @@ async def train(
     backend: Any,
     model_dir: str,
     runners: tuple[TrajectoryRunner, TrajectoryRunner],
-    instructions: Sequence[str],
     *,
     verbose: bool = True,
 ) -> RunResult:
@@ -532,7 +528,7 @@ async def train(
     torch.set_num_threads(1)  # vLLM's engine core holds the other core
     train_runner, eval_runner = runners
     policy = AgentPolicy(model_dir, cfg, train_runner.tools)
-    observations = warmup_observations(instructions, cfg.seed)
+    observations = warmup_observations(TRAIN_NAMES, cfg.seed)
     await asyncio.to_thread(policy.warm_up, observations)
     version = (backend.policy_version or 0) + 1
     await backend.update_weights(policy.model.named_parameters(), version=version, mode="wait")
@@ -622,8 +618,6 @@ async def run_all(
     results = []
     with tempfile.TemporaryDirectory(prefix="relay-tasks-") as root:
         train_dir, heldout_dir = build_tasks(root)
-        instructions = [(train_dir / f"relay-{n}" / "instruction.md").read_text()
-                        for n in TRAIN_NAMES]  # fmt: skip
         async with (
             engine_backend(model_dir) as backend,
             HarborAdapter(action_format="tools", warm_pool=cfg.warm_pool) as adapter,
@@ -632,8 +626,7 @@ async def run_all(
             for seed, estimator in itertools.product(seeds, estimators):
                 run_cfg = Config(**{**vars(cfg), "seed": seed})
                 result = await train(
-                    estimator, run_cfg, backend, model_dir, runners, instructions,
-                    verbose=verbose,
+                    estimator, run_cfg, backend, model_dir, runners, verbose=verbose,
                 )  # fmt: skip
                 results.append(result)
     return results
