@@ -111,6 +111,9 @@ class StepLog:
     seconds: float  # since RL started
     clipped: float = 0.0  # share of the batch's tokens outside PPO's clip range
     drift: float = 0.0  # mean |trainer logprob - engine logprob| before the update
+    # share of the batch's valid calls that are not a listed call's tokens (exact_success
+    # counts those as wasted; a sampled evaluation does not)
+    off_canon: float = 0.0
     exact: float = math.nan  # held-out success of the updated policy, exactly (exact_success)
     rm_prob: float = math.nan  # its probability of the irrecoverable first move (held-out)
     heldout: float | None = None
@@ -462,6 +465,17 @@ def removed_first(batch: Sequence[Trajectory]) -> float:
     return sum(c is not None and c.startswith("rm ") for c in firsts) / max(len(batch), 1)
 
 
+def off_canon_rate(batch: Sequence[Trajectory], calls: Sequence[Sequence[int]]) -> float:
+    """Share of the batch's valid calls whose tokens are none of ``calls``: another command,
+    or a listed one tokenised another way. Both run in the container, but ``exact_success``
+    sees only the listed calls' tokens, so this is how far it may fall below a sampled
+    evaluation."""
+    known = [list(c) for c in calls]
+    valid = [tr.completion.token_ids for t in batch for tr in t.transitions
+             if tr.completion is not None and tr.info.get("parse_error") is None]  # fmt: skip
+    return sum(list(ids) not in known for ids in valid) / max(len(valid), 1)
+
+
 def format_error_rate(batch: Sequence[Trajectory]) -> float:
     steps = [tr for t in batch for tr in t.transitions if tr.completion is not None]
     return sum(tr.info.get("parse_error") is not None for tr in steps) / max(len(steps), 1)
@@ -576,6 +590,7 @@ async def train(
                 versions=tuple(sorted({v for t in batch for v in t.policy_versions})),
                 failed=failed,
                 format_errors=format_error_rate(batch),
+                off_canon=off_canon_rate(batch, policy.calls),
                 removed_first=removed_first(batch),
                 rollouts=rollouts,
                 seconds=time.monotonic() - start,
@@ -593,7 +608,8 @@ async def train(
                 print(
                     f"{tag} step {step:3d}  success {log.success:.2f}  staleness {staleness}  "
                     f"versions {list(log.versions)}  failed {failed}  rollouts {rollouts:5d}  "
-                    f"format-errors {log.format_errors:.2f}  rm-first {log.removed_first:.2f}  "
+                    f"format-errors {log.format_errors:.2f}  off-canon {log.off_canon:.2f}  "
+                    f"rm-first {log.removed_first:.2f}  "
                     f"clipped {clipped:.2f}  drift {drift:.3f}  exact {exact:.2f}  p(rm-first) "
                     f"{rm_prob:.2f}  {log.seconds:6.1f}s{held}",
                     flush=True,

@@ -180,10 +180,23 @@ def test_a_malformed_call_is_penalised_only_where_it_left_the_syntax(
     assert fine == [0.5] * 5
 
 
+def test_off_canon_counts_valid_calls_off_the_listed_tokens(example: ModuleType) -> None:
+    """A valid call tokenised another way runs in the container but is invisible to
+    ``exact_success``; malformed replies are the format-error rate's, not this one's."""
+    calls = [[1, 2, 9], [1, 3, 9]]
+    steps = [_step([1, 2, 9], malformed=False), _step([1, 3, 9], malformed=False),
+             _step([1, 4, 2, 9], malformed=False), _step([7], malformed=True)]  # fmt: skip
+    batch = [Trajectory(episode_id=str(i), initial_state=tr.state, transitions=(tr,))
+             for i, tr in enumerate(steps)]  # fmt: skip
+    assert example.off_canon_rate(batch, calls) == pytest.approx(1 / 3)
+    assert example.off_canon_rate(batch[:2], calls) == 0.0
+    assert example.off_canon_rate([], calls) == 0.0
+
+
 _STEP = re.compile(
     r"^\[(\w+) seed \d+\] step +\d+ +success ([\d.]+) +staleness (\d+) .* rollouts +(\d+) +"
-    r"format-errors ([\d.]+) +rm-first ([\d.]+) +clipped ([\d.]+) +drift ([\d.]+) +"
-    r"exact ([\d.]+) +p\(rm-first\) ([\d.]+)"
+    r"format-errors ([\d.]+) +off-canon ([\d.]+) +rm-first ([\d.]+) +clipped ([\d.]+) +"
+    r"drift ([\d.]+) +exact ([\d.]+) +p\(rm-first\) ([\d.]+)"
 )
 _FINAL = re.compile(r"^held-out success \((\w+)\): ([\d.]+) -> ([\d.]+)$")
 
@@ -207,8 +220,8 @@ def test_quick_run_trains_both_estimators_in_containers(
         if m := _STEP.match(line):
             steps[m[1]].append((int(m[3]), int(m[4])))
             # shares and probabilities; the drift is a mean |logprob gap|
-            assert all(0.0 <= float(m[i]) <= 1.0 for i in (5, 6, 7, 9, 10)), line
-            assert float(m[8]) >= 0.0, line
+            assert all(0.0 <= float(m[i]) <= 1.0 for i in (5, 6, 7, 8, 10, 11)), line
+            assert float(m[9]) >= 0.0, line
         elif m := _FINAL.match(line):
             final[m[1]] = (float(m[2]), float(m[3]))
     assert set(final) == {"grpo", "vine"}, out
