@@ -12,12 +12,13 @@ is sampled from the trainer's model until it is not a listed call (the engine wo
 sampled it from the policy one update older). Vine's values are exact (the policy's
 success probability from each state, ``--K 0``) or means of K sampled rollouts, as
 ``estimate_values`` would measure them. Each line shows ``listed``: the listed calls'
-mean probability over the train tasks' file sets. ``--policy tabular`` swaps the model
+mean probability over the train tasks' file sets, and ``train-exact`` the exact success on the
+loop's 8 train names (against ``exact``'s held-out ones). ``--policy tabular`` swaps the model
 for a table of logits per file set (``run_tabular``): the estimators' credit alone.
 
     python benchmarks/emulate_agent_rl.py [--estimator grpo|vine] [--K 0] [--steps 40]
         [--seeds 0 1 2] [--lr 3e-4] [--groups 4] [--group-size 4] [--policy model|tabular]
-        [--reads-listing 0.5]
+        [--reads-listing 0.5] [--more-names 0]
 """
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
 import agent_tasks as relay
 import train_agent_rl as loop
+
+# Train names beyond the loop's 8, for ``--more-names`` (none is a held-out name).
+MORE_NAMES = (
+    "anvil", "basil", "cobalt", "dune", "elm", "flint", "garnet", "hazel", "iris", "juniper",
+    "kelp", "larch", "maple", "nickel", "onyx", "pine", "quartz", "raven", "sable", "thyme",
+    "umber", "violet", "willow", "yarrow",
+)  # fmt: skip
 
 
 def pick(probs: tuple[float, ...], rng: random.Random) -> int | None:
@@ -147,15 +155,16 @@ def run(args: argparse.Namespace, seed: int) -> list[float]:
 
     cfg = loop.Config(seed=seed, lr=args.lr, warmup_reads_listing=args.reads_listing)
     policy = loop.AgentPolicy(str(cached_tiny_model()), cfg, [loop.BASH_TOOL])
-    policy.warm_up(loop.warmup_observations(relay.TRAIN_NAMES, seed))
+    train_names = relay.TRAIN_NAMES + MORE_NAMES[: args.more_names]
+    policy.warm_up(loop.warmup_observations(train_names, seed))
     curve = [loop.exact_success(policy, relay.HELDOUT_NAMES)[0]]
     rng, start = random.Random(seed), time.monotonic()
-    sampling = {n: loop.call_logprobs(policy, n) for n in relay.TRAIN_NAMES}
+    sampling = {n: loop.call_logprobs(policy, n) for n in train_names}
     for step in range(args.steps):
         # sampling lags one update: staleness 1
-        current = {n: loop.call_logprobs(policy, n) for n in relay.TRAIN_NAMES}
+        current = {n: loop.call_logprobs(policy, n) for n in train_names}
         choices = {n: loop.call_probabilities(t) for n, t in sampling.items()}
-        names = [rng.choice(relay.TRAIN_NAMES) for _ in range(args.groups)]
+        names = [rng.choice(train_names) for _ in range(args.groups)]
         batch = [(n, [episode(choices[n], rng) for _ in range(args.group_size)]) for n in names]
         samples = []
         for name, files, c, a in advantages(batch, args.estimator, choices, args.K, rng):
@@ -174,11 +183,13 @@ def run(args: argparse.Namespace, seed: int) -> list[float]:
         clipped, drift = policy.train(samples) if samples else (0.0, 0.0)
         sampling = current
         exact, rm = loop.exact_success(policy, relay.HELDOUT_NAMES)
+        trained, _ = loop.exact_success(policy, relay.TRAIN_NAMES)  # the loop's 8: comparable
         curve.append(exact)
         success = statistics.fmean(r for _, g in batch for _, r in g)
         listed = statistics.fmean(sum(p) for t in choices.values() for p in t.values())
         print(f"[{args.estimator} seed {seed}] step {step:3d}  success {success:.2f}  exact "
-              f"{exact:.2f}  p(rm-first) {rm:.2f}  listed {listed:.2f}  clipped {clipped:.2f}  "
+              f"{exact:.2f}  train-exact {trained:.2f}  p(rm-first) {rm:.2f}  listed "
+              f"{listed:.2f}  clipped {clipped:.2f}  "
               f"drift {drift:.3f}  {time.monotonic() - start:5.0f}s", flush=True)  # fmt: skip
     return curve
 
@@ -226,6 +237,10 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=loop.Config.groups_per_step)
     parser.add_argument("--group-size", type=int, default=loop.Config.group_size)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--more-names", type=int, default=0,
+        help=f"train (and warm up) on up to {len(MORE_NAMES)} more names than the loop's 8",
+    )  # fmt: skip
     parser.add_argument(
         "--reads-listing", type=float, default=loop.Config.warmup_reads_listing,
         help="share of warm-up labels paired with a listing that has the command's file",
