@@ -250,6 +250,8 @@ def main() -> None:
         help="tabular: a logit table per file set (the estimators' control)",
     )  # fmt: skip
     args = parser.parse_args()
+    if not 0 <= args.more_names <= len(MORE_NAMES):
+        parser.error(f"--more-names: {args.more_names} is not in 0..{len(MORE_NAMES)}")
     torch.set_num_threads(args.threads)
     for seed in args.seeds:
         curve = run(args, seed) if args.policy == "model" else run_tabular(args, seed)

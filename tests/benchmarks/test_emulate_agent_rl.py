@@ -75,3 +75,17 @@ def test_with_a_policy_that_tells_states_apart_monte_carlo_credit_learns_in_fewe
 
     for seed in range(5):
         assert steps_to("vine", seed) < steps_to("grpo", seed)
+
+
+def test_more_names_than_the_list_has_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Asking for more train names than exist fails naming the flag and value, instead of
+    silently training on fewer."""
+    too_many = len(emu.MORE_NAMES) + 1
+    argv = ["emulate_agent_rl.py", "--policy", "tabular", "--steps", "0", "--seeds", "0"]
+    monkeypatch.setattr("sys.argv", [*argv, "--more-names", str(too_many)])
+    with pytest.raises(SystemExit) as exit_info:
+        emu.main()
+    assert exit_info.value.code == 2
+    assert f"--more-names: {too_many} is not in 0..{len(emu.MORE_NAMES)}" in capsys.readouterr().err
