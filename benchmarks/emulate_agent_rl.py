@@ -18,7 +18,7 @@ for a table of logits per file set (``run_tabular``): the estimators' credit alo
 
     python benchmarks/emulate_agent_rl.py [--estimator grpo|vine] [--K 0] [--steps 40]
         [--seeds 0 1 2] [--lr 3e-4] [--groups 4] [--group-size 4] [--policy model|tabular]
-        [--reads-listing 0.5] [--more-names 0]
+        [--reads-listing 0.5] [--more-names 0] [--warmup-seed S]
 """
 
 from __future__ import annotations
@@ -153,10 +153,11 @@ def run(args: argparse.Namespace, seed: int) -> list[float]:
     """One run; prints a line per step and returns the exact held-out success curve."""
     from llenvs_async.testing.tiny_model import cached_tiny_model
 
-    cfg = loop.Config(seed=seed, lr=args.lr, warmup_reads_listing=args.reads_listing)
+    warmup_seed = seed if args.warmup_seed is None else args.warmup_seed
+    cfg = loop.Config(seed=warmup_seed, lr=args.lr, warmup_reads_listing=args.reads_listing)
     policy = loop.AgentPolicy(str(cached_tiny_model()), cfg, [loop.BASH_TOOL])
     train_names = relay.TRAIN_NAMES + MORE_NAMES[: args.more_names]
-    policy.warm_up(loop.warmup_observations(train_names, seed))
+    policy.warm_up(loop.warmup_observations(train_names, warmup_seed))
     curve = [loop.exact_success(policy, relay.HELDOUT_NAMES)[0]]
     rng, start = random.Random(seed), time.monotonic()
     sampling = {n: loop.call_logprobs(policy, n) for n in train_names}
@@ -244,6 +245,11 @@ def main() -> None:
     parser.add_argument(
         "--reads-listing", type=float, default=loop.Config.warmup_reads_listing,
         help="share of warm-up labels paired with a listing that has the command's file",
+    )  # fmt: skip
+    parser.add_argument(
+        "--warmup-seed", type=int, default=None,
+        help="the warm-up's seed (default: the run's): crossing it with --seeds tells "
+        "the warm-up's draw from RL's",
     )  # fmt: skip
     parser.add_argument(
         "--policy", choices=("model", "tabular"), default="model",

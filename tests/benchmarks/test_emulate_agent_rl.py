@@ -89,3 +89,23 @@ def test_more_names_than_the_list_has_is_a_clear_error(
         emu.main()
     assert exit_info.value.code == 2
     assert f"--more-names: {too_many} is not in 0..{len(emu.MORE_NAMES)}" in capsys.readouterr().err
+
+
+def test_warmup_seed_draws_the_warm_up_and_leaves_the_run_its_own_seed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--warmup-seed`` changes the warm-up's draw only (its listings and label order), so
+    crossing it with ``--seeds`` tells a warm-up's effect from RL's."""
+    seen: list[tuple[int, list[str]]] = []
+
+    def record(policy: emu.loop.AgentPolicy, observations: list[str]) -> float:
+        seen.append((policy.cfg.seed, observations))
+        return 0.0  # the warm-up's draw is what is checked, not its training
+
+    monkeypatch.setattr(emu.loop.AgentPolicy, "warm_up", record)
+    for warmup_seed, expected in ((None, 3), (5, 5)):
+        args = emu.argparse.Namespace(lr=3e-4, reads_listing=0.5, more_names=0, steps=0,
+                                      warmup_seed=warmup_seed, estimator="grpo")  # fmt: skip
+        emu.run(args, 3)
+        assert seen[-1] == (expected, emu.loop.warmup_observations(relay.TRAIN_NAMES, expected))
+    assert seen[0][1] != seen[1][1]
