@@ -91,10 +91,10 @@ def test_more_names_than_the_list_has_is_a_clear_error(
     assert f"--more-names: {too_many} is not in 0..{len(emu.MORE_NAMES)}" in capsys.readouterr().err
 
 
-def test_warmup_seed_draws_the_warm_up_and_leaves_the_run_its_own_seed(
+def test_warmup_seed_sets_the_warm_ups_draw(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """``--warmup-seed`` changes the warm-up's draw only (its listings and label order), so
+    """``--warmup-seed`` sets the warm-up's draw (its listings and label order), so
     crossing it with ``--seeds`` tells a warm-up's effect from RL's."""
     seen: list[tuple[int, list[str]]] = []
 
