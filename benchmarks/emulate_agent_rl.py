@@ -18,7 +18,7 @@ for a table of logits per file set (``run_tabular``): the estimators' credit alo
 
     python benchmarks/emulate_agent_rl.py [--estimator grpo|vine] [--K 0] [--steps 40]
         [--seeds 0 1 2] [--lr 3e-4] [--groups 4] [--group-size 4] [--policy model|tabular]
-        [--reads-listing 0.5] [--more-names 0] [--warmup-seed S]
+        [--reads-listing 0.75] [--more-names 0] [--warmup-seed S]
 """
 
 from __future__ import annotations

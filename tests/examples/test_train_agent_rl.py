@@ -128,13 +128,14 @@ def test_the_warm_up_labels_read_the_listing_and_say_nothing_of_the_order(
     example: ModuleType,
 ) -> None:
     """Over many warm-up steps: each command as often as the others; a command goes with a
-    listing that has its input file 3/4 of the time at share 1/2 (1/2, chance, at share
-    0); and at the start's listing, copying and removing the original are equally common
-    (the labels carry no order). Counts are checked within ~4 standard errors."""
+    listing that has its input file 7/8 of the time at share 3/4 (the default), 3/4 at
+    share 1/2 (1/2, chance, at share 0); and at the start's listing, copying and removing
+    the original are equally common (the labels carry no order). Counts are checked within
+    ~4 standard errors."""
     relay = load_example("agent_tasks.py")
     files = [frozenset(f) for f in itertools.chain.from_iterable(
         itertools.combinations(("out", "src", "tmp"), k) for k in range(4))] * 3  # fmt: skip
-    for share, having in ((0.5, 0.75), (0.0, 0.5)):
+    for share, having in ((0.75, 0.875), (0.5, 0.75), (0.0, 0.5)):
         rng = random.Random(1)
         pairs = [p for _ in range(2000) for p in example.warmup_batch(files, share, rng)]
         commands = [c for _, c in pairs]
