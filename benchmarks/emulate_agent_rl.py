@@ -154,7 +154,10 @@ def run(args: argparse.Namespace, seed: int) -> list[float]:
     from llenvs_async.testing.tiny_model import cached_tiny_model
 
     warmup_seed = seed if args.warmup_seed is None else args.warmup_seed
-    cfg = loop.Config(seed=warmup_seed, lr=args.lr, warmup_reads_listing=args.reads_listing)
+    cfg = loop.Config(
+        seed=warmup_seed, lr=args.lr, lr_floor=args.lr_floor, steps=args.steps,
+        warmup_reads_listing=args.reads_listing,
+    )  # fmt: skip
     policy = loop.AgentPolicy(str(cached_tiny_model()), cfg, [loop.BASH_TOOL])
     train_names = relay.TRAIN_NAMES + MORE_NAMES[: args.more_names]
     policy.warm_up(loop.warmup_observations(train_names, warmup_seed))
@@ -235,6 +238,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--lr", type=float, default=loop.Config.lr)
+    parser.add_argument(
+        "--lr-floor", type=float, default=loop.Config.lr_floor,
+        help="the rate decays linearly to lr times this over --steps (1: constant)",
+    )  # fmt: skip
     parser.add_argument("--groups", type=int, default=loop.Config.groups_per_step)
     parser.add_argument("--group-size", type=int, default=loop.Config.group_size)
     parser.add_argument("--threads", type=int, default=1)

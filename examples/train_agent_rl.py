@@ -10,7 +10,7 @@ engine with the hermes tool-call parser. Episodes are the Harbor "relay" tasks o
 Warm-up (before RL): supervised steps on the tool-call format and on what each command
 needs. Each prompt is a relay prompt of the train split (the instruction, and a listing with
 random files); each label is a ``bash`` call of one of the three listed commands, each
-command equally often; half of the labels go with a listing that has the file the command
+command equally often; three quarters of the labels go with a listing that has the file the command
 needs (``$F.src`` for cp and rm, ``$F.tmp`` for mv), the rest with any listing
 (``warmup_batch``). It teaches the choice to depend on the listing, never the order: at the
 start copying and removing the original need the same file and stay equally likely (success
@@ -27,10 +27,11 @@ one saw. Advantages (``--estimator grpo|vine|both``):
 
 A malformed call's penalty lands on the one token where it left the call syntax
 (``token_advantages``), never on the well-formed tokens before it: that is what lets the
-format hold at a learning rate that moves the command choice.
+format hold at a learning rate that moves the command choice. The rate ramps up over 5
+steps and decays linearly to a tenth of itself by the last (``rl_learning_rate``).
 
     python examples/train_agent_rl.py [--estimator grpo|vine|both] [--steps N] [--seed S] [--quick]
-                                      [--warmup-reads-listing 0.75]
+                                      [--warmup-reads-listing 0.75] [--lr-floor 0.1]
 """
 
 from __future__ import annotations
@@ -78,6 +79,9 @@ class Config:
     max_staleness: int = 1
     lr: float = 3e-4
     lr_ramp: int = 5  # RL steps over which the learning rate ramps up linearly
+    # the rate decays linearly to lr * lr_floor over `steps`; at a constant rate (1.0) some
+    # runs learned the task and then unlearned it (docs/agent-rl.md)
+    lr_floor: float = 0.1
     kl: float = 0.05  # weight of the KL penalty to the warmed-up policy (k3 estimator)
     clip: float = 0.2
     ppo_epochs: int = 1  # optimizer steps per batch (4 broke the format within 9 steps)
@@ -171,6 +175,14 @@ BASH_TOOL = {
 }
 
 
+def rl_learning_rate(cfg: Config, step: int) -> float:
+    """The learning rate of RL step ``step`` (1-based): a linear ramp over ``lr_ramp`` steps
+    to ``lr``, times a linear decay to ``lr_floor`` of it at the last of ``steps``."""
+    ramp = min(1.0, step / cfg.lr_ramp)
+    decay = max(cfg.lr_floor, 1 - (1 - cfg.lr_floor) * (step - 1) / cfg.steps)
+    return cfg.lr * ramp * decay
+
+
 def tool_call_text(command: str) -> str:
     """A ``bash`` call as the tiny model's template renders it (hermes format)."""
     args = json.dumps({"command": command})
@@ -222,7 +234,7 @@ class AgentPolicy(tiny.Policy):
             ref = shared_prefix_logprobs(self.reference, pairs)
         self.rl_steps += 1
         for group in self.optimizer.param_groups:
-            group["lr"] = self.cfg.lr * min(1.0, self.rl_steps / self.cfg.lr_ramp)
+            group["lr"] = rl_learning_rate(self.cfg, self.rl_steps)
         stats: tuple[float, float] | None = None
         for _ in range(self.cfg.ppo_epochs):
             terms = []
@@ -655,6 +667,10 @@ async def main(argv: Sequence[str] | None = None) -> list[RunResult]:
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=None, help="RL learning rate")
+    parser.add_argument(
+        "--lr-floor", type=float, default=None,
+        help="the rate decays linearly to lr times this over the steps (1: constant)",
+    )  # fmt: skip
     parser.add_argument("--group-size", type=int, default=None, help="episodes per task")
     parser.add_argument("--groups-per-step", type=int, default=None, help="tasks per step")
     parser.add_argument("--value-rollouts", type=int, default=None, help="per live state (vine)")
@@ -670,6 +686,8 @@ async def main(argv: Sequence[str] | None = None) -> list[RunResult]:
         cfg.steps = args.steps
     if args.lr is not None:
         cfg.lr = args.lr
+    if args.lr_floor is not None:
+        cfg.lr_floor = args.lr_floor
     if args.group_size is not None:
         cfg.group_size = args.group_size
     if args.groups_per_step is not None:

@@ -157,6 +157,18 @@ def test_grpo_advantages_are_normalised_within_the_group(example: ModuleType) ->
     assert got == pytest.approx([1.0, 1.0, -1.0, -1.0], abs=1e-3)
 
 
+def test_the_learning_rate_ramps_up_then_decays_to_its_floor(example: ModuleType) -> None:
+    cfg = example.Config(lr=1e-3, lr_ramp=5, lr_floor=0.1, steps=60)
+    rates = [example.rl_learning_rate(cfg, step) for step in range(1, 61)]
+    assert rates[0] == pytest.approx(1e-3 / 5)  # the ramp's first step
+    assert rates[4] == pytest.approx(1e-3 * (1 - 0.9 * 4 / 60))  # ramped up, decaying
+    assert rates[-1] == pytest.approx(1e-3 * (1 - 0.9 * 59 / 60))  # near the floor at the end
+    assert all(a > b for a, b in itertools.pairwise(rates[4:]))  # decays after the ramp
+    assert example.rl_learning_rate(cfg, 200) == pytest.approx(1e-4)  # never below the floor
+    constant = example.Config(lr=1e-3, lr_ramp=5, lr_floor=1.0, steps=60)
+    assert [example.rl_learning_rate(constant, s) for s in (5, 30, 60)] == [1e-3] * 3
+
+
 def _step(token_ids: list[int], *, malformed: bool) -> Transition:
     traj, _ = _trajectory(task=0, rewards=[0.0])
     tr = traj.transitions[0]
