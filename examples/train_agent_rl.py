@@ -28,7 +28,7 @@ one saw. Advantages (``--estimator grpo|vine|both``):
 A malformed call's penalty lands on the one token where it left the call syntax
 (``token_advantages``), never on the well-formed tokens before it: that is what lets the
 format hold at a learning rate that moves the command choice. The rate ramps up over 5
-steps and decays linearly to a tenth of itself by the last (``rl_learning_rate``).
+steps and decays linearly to about a tenth of itself by the last (``rl_learning_rate``).
 
     python examples/train_agent_rl.py [--estimator grpo|vine|both] [--steps N] [--seed S] [--quick]
                                       [--warmup-reads-listing 0.75] [--lr-floor 0.1]
@@ -177,7 +177,8 @@ BASH_TOOL = {
 
 def rl_learning_rate(cfg: Config, step: int) -> float:
     """The learning rate of RL step ``step`` (1-based): a linear ramp over ``lr_ramp`` steps
-    to ``lr``, times a linear decay to ``lr_floor`` of it at the last of ``steps``."""
+    to ``lr``, times a linear decay from 1 at step 1 that reaches ``lr_floor`` one step
+    after the last of ``steps`` (0.115 at step 60 of 60 for a floor of 0.1)."""
     ramp = min(1.0, step / cfg.lr_ramp)
     decay = max(cfg.lr_floor, 1 - (1 - cfg.lr_floor) * (step - 1) / cfg.steps)
     return cfg.lr * ramp * decay
