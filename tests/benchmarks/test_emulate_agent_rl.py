@@ -104,8 +104,9 @@ def test_warmup_seed_sets_the_warm_ups_draw(
 
     monkeypatch.setattr(emu.loop.AgentPolicy, "warm_up", record)
     for warmup_seed, expected in ((None, 3), (5, 5)):
-        args = emu.argparse.Namespace(lr=3e-4, reads_listing=0.5, more_names=0, steps=0,
-                                      warmup_seed=warmup_seed, estimator="grpo")  # fmt: skip
+        args = emu.argparse.Namespace(lr=3e-4, lr_floor=0.1, reads_listing=0.5, more_names=0,
+                                      steps=0, warmup_seed=warmup_seed,
+                                      estimator="grpo")  # fmt: skip
         emu.run(args, 3)
         assert seen[-1] == (expected, emu.loop.warmup_observations(relay.TRAIN_NAMES, expected))
     assert seen[0][1] != seen[1][1]
