@@ -218,6 +218,8 @@ async def main(argv: Sequence[str] | None = None) -> None:
             "episodes_per_step": cfg.group_size * cfg.groups_per_step,
             "value_rollouts": cfg.value_rollouts,
             "heldout_episodes": cfg.eval_per_task * len(loop.HELDOUT_NAMES),
+            "warmup_reads_listing": cfg.warmup_reads_listing,
+            "lr_floor": cfg.lr_floor,
         }
     print(write(results, config, args.out, args.name))
 
@@ -236,6 +238,17 @@ def combine(paths: Sequence[Path]) -> tuple[dict[str, Any], list[Any]]:
     return config, results
 
 
+def settings(config: dict[str, Any]) -> str:
+    """The warm-up's share and the rate's floor, which runs written before them lack."""
+    if "lr_floor" not in config:
+        return ""
+    return (
+        f"Warm-up: {config['warmup_reads_listing']:g} of its labels with a listing that has the "
+        f"command's input file; RL learning rate decaying to {config['lr_floor']:g} of itself "
+        "(1: constant).\n\n"
+    )
+
+
 def write(results: Sequence[Any], config: dict[str, Any], out: Path, name: str) -> str:
     """Write ``name``.md (tables), .png (curves) and .json (every run's curve) under ``out``."""
     estimators = [e for e in ("grpo", "vine") if any(r.estimator == e for r in results)]
@@ -248,6 +261,7 @@ def write(results: Sequence[Any], config: dict[str, Any], out: Path, name: str) 
         f"step, {config['value_rollouts']} value rollouts per live state (vine), "
         f"{config['heldout_episodes']} held-out episodes per evaluation; [lo, hi] is a 95% "
         "t-interval over seeds, cut to [0, 1].\n\n"
+        + settings(config)
         + table(results, estimators)
         + "\n\nHeld-out success by run:\n\n"
         + seeds_table(results)

@@ -10,7 +10,14 @@ import pytest
 
 from benchmarks import bench_agent_rl
 
-CONFIG = {"steps": 2, "episodes_per_step": 16, "value_rollouts": 2, "heldout_episodes": 32}
+CONFIG = {
+    "steps": 2,
+    "episodes_per_step": 16,
+    "value_rollouts": 2,
+    "heldout_episodes": 32,
+    "warmup_reads_listing": 0.75,
+    "lr_floor": 0.1,
+}
 
 
 def run(seed: int, after: float, hit_at: int | None = None) -> SimpleNamespace:
@@ -28,6 +35,7 @@ def test_seeds_written_apart_combine_into_one_table(tmp_path: Path) -> None:
     assert [r.seed for r in results] == [0, 1]
     text = bench_agent_rl.write(results, config, tmp_path, "all")
     assert "2 seeds x 2 steps" in text
+    assert "Warm-up: 0.75 of its labels" in text and "decaying to 0.1 of itself" in text
     # mean 0.4 of (0.3, 0.5); t(1) = 12.706 makes the interval reach past both ends: cut
     row = "| vine | 2 | 0.10 [0.10, 0.10] | 0.40 [0.00, 1.00] | 160 | 100 | 1, - |"
     assert row in text
@@ -42,6 +50,15 @@ def test_runs_of_different_configs_do_not_combine(tmp_path: Path) -> None:
     bench_agent_rl.write([run(1, 0.5)], {**CONFIG, "value_rollouts": 4}, tmp_path, "b")
     with pytest.raises(SystemExit, match=r"b\.json: config .*'value_rollouts': 4"):
         bench_agent_rl.combine([tmp_path / "a.json", tmp_path / "b.json"])
+    bench_agent_rl.write([run(1, 0.5)], {**CONFIG, "lr_floor": 1.0}, tmp_path, "c")
+    with pytest.raises(SystemExit, match=r"c\.json: config .*'lr_floor': 1\.0"):
+        bench_agent_rl.combine([tmp_path / "a.json", tmp_path / "c.json"])
+
+
+def test_runs_written_before_the_settings_were_recorded_still_report() -> None:
+    old = {k: v for k, v in CONFIG.items() if k not in ("warmup_reads_listing", "lr_floor")}
+    assert bench_agent_rl.settings(old) == ""
+    assert "0.75 of its labels" in bench_agent_rl.settings(CONFIG)
 
 
 def test_interval_stays_in_the_success_range() -> None:
