@@ -3,7 +3,8 @@
 Runs ``examples/train_agent_rl.py``'s loop for every (seed, estimator), evaluating held-out
 success every ``--eval-every`` steps, and writes ``benchmarks/results/agent_rl.md`` (a
 table: held-out success before/after with a 95% t-interval over seeds, rollouts and wall
-time, first step at >= 0.7) and ``agent_rl.png`` (held-out success vs optimizer steps, vs
+time, first step at >= 0.7, and the exact held-out success of ``exact_success``, which has
+no sampling noise) and ``agent_rl.png`` (held-out success vs optimizer steps, vs
 rollouts consumed and vs wall time; mean over seeds with the interval as a band).
 
 ``--restore`` instead measures what V(s) costs per restore on these tasks: bringing a fresh
@@ -54,40 +55,53 @@ def interval(values: Sequence[float]) -> tuple[float, float, float]:
     return mean, max(0.0, mean - half), min(1.0, mean + half)
 
 
+def exact(run: Any) -> list[float]:
+    """The run's exact held-out success after the warm-up and every update; runs written
+    before it was recorded have none."""
+    return list(getattr(run, "exact", None) or [])
+
+
 def table(results: Sequence[Any], estimators: Sequence[str]) -> str:
     """The markdown table, one row per estimator (means over seeds)."""
     rows = [
-        "| estimator | seeds | held-out before | held-out after | rollouts | wall s | "
-        f"steps to {TARGET} |",
-        "|---|---|---|---|---|---|---|",
+        "| estimator | seeds | held-out before | held-out after | exact after | rollouts | "
+        f"wall s | steps to {TARGET} |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for est in estimators:
         runs = [r for r in results if r.estimator == est]
         before, b_lo, b_hi = interval([r.before for r in runs])
         after, a_lo, a_hi = interval([r.after for r in runs])
+        exact_after = "-"  # a mean only over every run: a partial one would mislead
+        if all(exact(r) for r in runs):
+            e, e_lo, e_hi = interval([exact(r)[-1] for r in runs])
+            exact_after = f"{e:.2f} [{e_lo:.2f}, {e_hi:.2f}]"
         rollouts = statistics.fmean(r.curve[-1][1] for r in runs)
         seconds = statistics.fmean(r.curve[-1][2] for r in runs)
         hits = [next((c[0] for c in r.curve if c[3] >= TARGET), None) for r in runs]
         reached = ", ".join("-" if h is None else str(h) for h in hits)
         rows.append(
             f"| {est} | {len(runs)} | {before:.2f} [{b_lo:.2f}, {b_hi:.2f}] | "
-            f"{after:.2f} [{a_lo:.2f}, {a_hi:.2f}] | "
+            f"{after:.2f} [{a_lo:.2f}, {a_hi:.2f}] | {exact_after} | "
             f"{rollouts:.0f} | {seconds:.0f} | {reached} |"
         )
     return "\n".join(rows)
 
 
 def seeds_table(results: Sequence[Any]) -> str:
-    """One row per run: held-out success at every evaluation, so a mean hides no seed."""
+    """One row per run: held-out success at every evaluation, so a mean hides no seed, and
+    the exact success before and after."""
     points = sorted({c[0] for r in results for c in r.curve})
     rows = [
-        "| estimator | seed | " + " | ".join(f"step {p}" for p in points) + " | best |",
-        "|---|---|" + "---|" * (len(points) + 1),
+        "| estimator | seed | " + " | ".join(f"step {p}" for p in points) + " | best | exact |",
+        "|---|---|" + "---|" * (len(points) + 2),
     ]
     for r in results:
         at = {c[0]: c[3] for c in r.curve}
         cells = " | ".join("-" if p not in at else f"{at[p]:.2f}" for p in points)
-        rows.append(f"| {r.estimator} | {r.seed} | {cells} | {max(at.values()):.2f} |")
+        e = exact(r)
+        moved = f"{e[0]:.2f} -> {e[-1]:.2f}" if e else "-"
+        rows.append(f"| {r.estimator} | {r.seed} | {cells} | {max(at.values()):.2f} | {moved} |")
     return "\n".join(rows)
 
 
@@ -270,7 +284,7 @@ def write(results: Sequence[Any], config: dict[str, Any], out: Path, name: str) 
     (out / f"{name}.md").write_text(text)
     runs = [
         {"estimator": r.estimator, "seed": r.seed, "before": r.before, "after": r.after,
-         "curve": r.curve}
+         "curve": r.curve, "exact": exact(r)}
         for r in results
     ]  # fmt: skip
     (out / f"{name}.json").write_text(json.dumps({"config": config, "runs": runs}, indent=1) + "\n")

@@ -133,6 +133,8 @@ class RunResult:
     steps: list[StepLog] = field(default_factory=list)
     # (optimizer step, rollouts, wall seconds, held-out success) at every evaluation
     curve: list[tuple[int, int, float, float]] = field(default_factory=list)
+    # exact held-out success (exact_success) after the warm-up, then after every update
+    exact: list[float] = field(default_factory=list)
 
 
 _FILE = re.compile(r"^\S+\.(src|tmp|out)$")
@@ -564,8 +566,9 @@ async def train(
     result = RunResult(estimator, cfg.seed, before)
     result.curve.append((0, 0, 0.0, before))
     tag = f"[{estimator} seed {cfg.seed}]"
+    exact, rm_prob = await asyncio.to_thread(exact_success, policy, HELDOUT_NAMES)
+    result.exact.append(exact)
     if verbose:
-        exact, rm_prob = exact_success(policy, HELDOUT_NAMES)
         print(
             f"{tag} after warm-up: held-out success {before:.2f} (exact {exact:.2f}, "
             f"p(rm-first) {rm_prob:.2f})",
@@ -594,6 +597,7 @@ async def train(
                 rollouts += extra
             clipped, drift = await asyncio.to_thread(policy.train, penalise_format_errors(samples))
             exact, rm_prob = await asyncio.to_thread(exact_success, policy, HELDOUT_NAMES)
+            result.exact.append(exact)
             version += 1
             weights = policy.model.named_parameters()
             await backend.update_weights(weights, version=version, mode="keep")
@@ -705,7 +709,10 @@ async def main(argv: Sequence[str] | None = None) -> list[RunResult]:
         left = await engine.own_containers()
     print(f"containers left: {len(left)}")
     for r in results:
-        print(f"held-out success ({r.estimator}): {r.before:.2f} -> {r.after:.2f}")
+        print(
+            f"held-out success ({r.estimator}): {r.before:.2f} -> {r.after:.2f} "
+            f"(exact {r.exact[0]:.2f} -> {r.exact[-1]:.2f})"
+        )
     return results
 
 

@@ -21,10 +21,14 @@ CONFIG = {
 
 
 def run(seed: int, after: float, hit_at: int | None = None) -> SimpleNamespace:
-    """One run's result as the loop returns it: (step, rollouts, wall s, held-out) per point."""
+    """One run's result as the loop returns it: (step, rollouts, wall s, held-out) per point,
+    and the exact success after the warm-up and each update."""
     mid = 0.8 if hit_at == 1 else 0.2
     curve = [(0, 0, 0.0, 0.1), (1, 80, 50.0, mid), (2, 160, 100.0 + seed, after)]
-    return SimpleNamespace(estimator="vine", seed=seed, before=0.1, after=after, curve=curve)
+    exact = [0.2, 0.3, after + 0.05]
+    return SimpleNamespace(
+        estimator="vine", seed=seed, before=0.1, after=after, curve=curve, exact=exact
+    )
 
 
 def test_seeds_written_apart_combine_into_one_table(tmp_path: Path) -> None:
@@ -37,12 +41,25 @@ def test_seeds_written_apart_combine_into_one_table(tmp_path: Path) -> None:
     assert "2 seeds x 2 steps" in text
     assert "Warm-up: 0.75 of its labels" in text and "decaying to 0.1 of itself" in text
     # mean 0.4 of (0.3, 0.5); t(1) = 12.706 makes the interval reach past both ends: cut
-    row = "| vine | 2 | 0.10 [0.10, 0.10] | 0.40 [0.00, 1.00] | 160 | 100 | 1, - |"
+    row = "| vine | 2 | 0.10 [0.10, 0.10] | 0.40 [0.00, 1.00] | 0.45 [0.00, 1.00] | 160 | 100 |"
+    row += " 1, - |"
     assert row in text
-    assert "| vine | 1 | 0.10 | 0.20 | 0.50 | 0.50 |" in text
+    assert "| vine | 1 | 0.10 | 0.20 | 0.50 | 0.50 | 0.20 -> 0.55 |" in text
     assert (tmp_path / "all.png").stat().st_size > 0
     saved = json.loads((tmp_path / "all.json").read_text())
     assert [r["curve"][-1] for r in saved["runs"]] == [[2, 160, 100.0, 0.3], [2, 160, 101.0, 0.5]]
+    assert [r["exact"] for r in saved["runs"]] == [[0.2, 0.3, 0.35], [0.2, 0.3, 0.55]]
+
+
+def test_runs_written_before_the_exact_success_was_recorded_report_none(tmp_path: Path) -> None:
+    """An old file's run has no exact curve: its cells say so, and the estimator's mean is
+    left out rather than taken over the runs that have one."""
+    old = run(0, 0.3)
+    del old.exact
+    text = bench_agent_rl.write([old, run(1, 0.5)], CONFIG, tmp_path, "mixed")
+    assert "| vine | 2 | 0.10 [0.10, 0.10] | 0.40 [0.00, 1.00] | - | 160 | 100 | -, - |" in text
+    assert "| vine | 0 | 0.10 | 0.20 | 0.30 | 0.30 | - |" in text
+    assert "| vine | 1 | 0.10 | 0.20 | 0.50 | 0.50 | 0.20 -> 0.55 |" in text
 
 
 def test_runs_of_different_configs_do_not_combine(tmp_path: Path) -> None:

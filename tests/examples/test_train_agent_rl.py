@@ -211,8 +211,10 @@ _STEP = re.compile(
     r"format-errors ([\d.]+) +off-canon ([\d.]+) +rm-first ([\d.]+) +clipped ([\d.]+) +"
     r"drift ([\d.]+) +exact ([\d.]+) +p\(rm-first\) ([\d.]+)"
 )
-_FINAL = re.compile(r"^held-out success \((\w+)\): ([\d.]+) -> ([\d.]+)$")
-_WARM = re.compile(r"^\[grpo seed \d+\] after warm-up: .*\(exact ([\d.]+), p\(rm-first\)")
+_FINAL = re.compile(
+    r"^held-out success \((\w+)\): ([\d.]+) -> ([\d.]+) \(exact ([\d.]+) -> ([\d.]+)\)$"
+)
+_WARM = re.compile(r"^\[(\w+) seed \d+\] after warm-up: .*\(exact ([\d.]+), p\(rm-first\)")
 
 
 @pytest.mark.vllm
@@ -224,21 +226,29 @@ def test_quick_run_trains_both_estimators_in_containers(
 ) -> None:
     """The whole loop on the real engine and real containers: a line per step for each
     estimator, staleness within its bound, vine spending value rollouts on top of the
-    episodes, both held-out measurements, and no container left."""
+    episodes, both held-out measurements (the exact pair is the warm-up's and the last
+    update's), and no container left."""
     example = load_example("train_agent_rl.py")
     cfg = example.Config.quick()
     out = run_example("train_agent_rl.py", "--quick", "--estimator", "both", timeout=840).stdout
     steps: dict[str, list[tuple[int, int]]] = {"grpo": [], "vine": []}
+    exact: dict[str, list[str]] = {"grpo": [], "vine": []}
     final = {}
     for line in out.splitlines():
-        if m := _STEP.match(line):
+        if m := _WARM.match(line):
+            exact[m[1]].append(m[2])
+        elif m := _STEP.match(line):
             steps[m[1]].append((int(m[3]), int(m[4])))
+            exact[m[1]].append(m[10])
             # shares and probabilities; the drift is a mean |logprob gap|
             assert all(0.0 <= float(m[i]) <= 1.0 for i in (5, 6, 7, 8, 10, 11)), line
             assert float(m[9]) >= 0.0, line
         elif m := _FINAL.match(line):
-            final[m[1]] = (float(m[2]), float(m[3]))
+            final[m[1]] = (m[2], m[3], m[4], m[5])
     assert set(final) == {"grpo", "vine"}, out
+    for estimator, (before, after, exact_before, exact_after) in final.items():
+        assert all(0.0 <= float(x) <= 1.0 for x in (before, after)), out
+        assert (exact_before, exact_after) == (exact[estimator][0], exact[estimator][-1]), out
     episodes = cfg.group_size * cfg.groups_per_step
     for estimator, logged in steps.items():
         assert len(logged) == cfg.steps, out
@@ -270,7 +280,7 @@ def test_a_short_run_of_the_loop_improves_the_policy(
     warm = [m for line in out.splitlines() if (m := _WARM.match(line))]
     exact = [float(m[10]) for line in out.splitlines() if (m := _STEP.match(line))]
     assert len(warm) == 1 and len(exact) == 15, out
-    start = float(warm[0][1])
+    start = float(warm[0][2])
     end = sum(exact[-3:]) / 3  # the last three updates: one lucky step does not pass
     assert end >= start + 0.2, (start, exact)
     assert "containers left: 0" in out
