@@ -133,8 +133,12 @@ class RunResult:
     steps: list[StepLog] = field(default_factory=list)
     # (optimizer step, rollouts, wall seconds, held-out success) at every evaluation
     curve: list[tuple[int, int, float, float]] = field(default_factory=list)
-    # exact held-out success (exact_success) after the warm-up, then after every update
-    exact: list[float] = field(default_factory=list)
+    exact_before: float = math.nan  # exact_success of the warmed-up policy
+
+    @property
+    def exact(self) -> list[float]:
+        """Exact held-out success after the warm-up, then after every update."""
+        return [self.exact_before, *(s.exact for s in self.steps)]
 
 
 _FILE = re.compile(r"^\S+\.(src|tmp|out)$")
@@ -567,7 +571,7 @@ async def train(
     result.curve.append((0, 0, 0.0, before))
     tag = f"[{estimator} seed {cfg.seed}]"
     exact, rm_prob = await asyncio.to_thread(exact_success, policy, HELDOUT_NAMES)
-    result.exact.append(exact)
+    result.exact_before = exact
     if verbose:
         print(
             f"{tag} after warm-up: held-out success {before:.2f} (exact {exact:.2f}, "
@@ -597,7 +601,6 @@ async def train(
                 rollouts += extra
             clipped, drift = await asyncio.to_thread(policy.train, penalise_format_errors(samples))
             exact, rm_prob = await asyncio.to_thread(exact_success, policy, HELDOUT_NAMES)
-            result.exact.append(exact)
             version += 1
             weights = policy.model.named_parameters()
             await backend.update_weights(weights, version=version, mode="keep")
