@@ -77,7 +77,7 @@ class Config:
 
     steps: int = 60
     # 32 episodes a step: from the 0.65 warm-up, 16 ended lower over 7 emulated seeds; the
-    # default run takes ~26 minutes here, within the 30 (docs/agent-rl.md)
+    # default run takes ~25 minutes here, within the 30 (docs/agent-rl.md)
     groups_per_step: int = 8
     group_size: int = 4
     max_staleness: int = 1
