@@ -1,7 +1,9 @@
-"""The relay RL loop without the engine or containers, ~3 s a step: for tuning, not for results.
+"""The relay RL loop without the engine or containers, for tuning, not for results.
 
-``examples/train_agent_rl.py`` costs ~11 s a step (GRPO) to ~50 s (vine) here, so a sweep of
-its knobs over seeds takes hours. This emulation keeps what decides learning: the same tiny
+``examples/train_agent_rl.py`` costs ~23 s a step here (GRPO, 32 episodes; vine several
+times more) and holds both cores, so a sweep of its knobs over seeds takes many hours; this
+takes 11-20 s a step on one core at the loop's defaults, two seeds at once. It keeps what
+decides learning: the same tiny
 model, warm-up and ``AgentPolicy.train`` update (PPO-clip, KL, ramp, clipping), staleness 1,
 the relay tasks' own transition rule (``agent_tasks.apply``), GRPO's normalisation and the
 TD errors of vine, and the exact held-out success of ``exact_success``. It samples a command
