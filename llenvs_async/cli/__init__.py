@@ -20,6 +20,7 @@ from .atif import import_atif
 from .bench import bench as bench_command
 from .docker import cleanup, images_app
 from .export import export
+from .models import models_app
 from .qvalues import q_values
 from .replay import validate_replay
 from .run import run as run_command
@@ -50,6 +51,7 @@ app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown
 )
 app.add_typer(tasks_app, name="tasks")
 app.add_typer(images_app, name="images")
+app.add_typer(models_app, name="models")
 
 
 def _terminate_as_interrupt(signum: int, frame: object) -> None:
