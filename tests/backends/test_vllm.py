@@ -234,6 +234,7 @@ def test_sampling_kwargs_map_every_field() -> None:
         "top_p": 0.8,
         "top_k": 5,
         "stop": ["x"],
+        "include_stop_str_in_output": True,  # the text keeps what the ids keep
         "logprobs": 0,
     }
     assert sampling_kwargs(params, seed=12)["seed"] == 12
