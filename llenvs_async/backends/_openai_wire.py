@@ -39,6 +39,11 @@ def render_plain_prompt(messages: Sequence[ChatMessage]) -> str:
     return "".join(f"{m.role}: {m.content}\n\n" for m in messages) + "assistant:"
 
 
+# vLLM's extra fields: token ids, and a stop string kept in the text as it is in the ids.
+_VLLM_IDS = {"return_token_ids": True}
+_VLLM_EXTRAS = {**_VLLM_IDS, "include_stop_str_in_output": True}
+
+
 def _sampling_fields(params: SamplingParams, seed: int | None) -> dict[str, Any]:
     """Sampling fields of a request; ``seed`` is the request's own (not ``params.seed``)."""
     fields: dict[str, Any] = {
@@ -99,7 +104,7 @@ def chat_payload(
         if params.logprobs > 0:
             payload["top_logprobs"] = params.logprobs
     if vllm_extras:
-        payload["return_token_ids"] = True
+        payload.update(_VLLM_EXTRAS if params.stop else _VLLM_IDS)
     payload.update(extra_body)
     return payload
 
@@ -122,7 +127,7 @@ def completions_payload(
     if params.logprobs is not None:
         payload["logprobs"] = params.logprobs
     if vllm_extras:
-        payload["return_token_ids"] = True
+        payload.update(_VLLM_EXTRAS if params.stop else _VLLM_IDS)
     payload.update(extra_body)
     return payload
 

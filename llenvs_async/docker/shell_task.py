@@ -30,7 +30,7 @@ from typing import Any
 from ..env import BaseEnvironment
 from ..errors import StaleStateError
 from ..protocols import AgentProtocol, CallResult, Parsed, get_protocol
-from ..types import Action, History, Observation, State, StepResult
+from ..types import Action, ChatMessage, History, Observation, State, StepResult
 from .output import CommandResult
 
 __all__ = [
@@ -141,6 +141,21 @@ class ShellTaskEnvironment(BaseEnvironment):
     def tools(self) -> tuple[Mapping[str, Any], ...]:
         """The tool schemas of the environment's action format (none for ``text``)."""
         return self.protocol.tools()
+
+    @property
+    def example_turns(self) -> tuple[ChatMessage, ...]:
+        """The action format's example turns, each example task worded as this environment
+        words its own (the runner sends them after the system prompt)."""
+        return self.protocol.examples(self.frame_task)
+
+    def frame_task(self, instruction: str) -> str:
+        """A task's first message around its ``instruction`` (subclasses add their wording)."""
+        return instruction
+
+    @property
+    def stop_sequences(self) -> tuple[str, ...]:
+        """Where the action format ends a reply (the runner adds them to every request)."""
+        return self.protocol.stop_sequences()
 
     @property
     def system_prompt(self) -> str:

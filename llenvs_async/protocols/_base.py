@@ -11,11 +11,11 @@ submit), and ``render`` shows it in the conversation the way the format would.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from ..types import Action, Observation
+from ..types import Action, ChatMessage, Observation
 
 __all__ = ["AgentProtocol", "Call", "CallResult", "Parsed", "is_model_output"]
 
@@ -88,6 +88,21 @@ class AgentProtocol(ABC):
 
     def tools(self) -> tuple[Mapping[str, Any], ...]:
         """The OpenAI-format tool schemas every request offers (none by default)."""
+        return ()
+
+    def examples(self, frame: Callable[[str], str] = str) -> tuple[ChatMessage, ...]:
+        """Example turns (user task, assistant reply, ...) sent after the system prompt and
+        before the task: small models follow shown replies far better than described ones.
+        ``frame`` is how the environment words a task's first message (its boilerplate
+        around the instruction), so that an example task reads like a real one. None by
+        default."""
+        return ()
+
+    def stop_sequences(self) -> tuple[str, ...]:
+        """Strings that end a reply where the format says it is complete (sent as
+        ``SamplingParams.stop``, kept in the reply's text and ids); none by default. They
+        only save the tokens a model would ramble after its answer: the parser still
+        decides what runs."""
         return ()
 
     @abstractmethod

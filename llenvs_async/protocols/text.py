@@ -5,9 +5,9 @@ is removed first, so a block inside it never runs."""
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from ..types import Action, Observation
+from ..types import Action, ChatMessage, Observation
 from ._base import AgentProtocol, Call, CallResult, Parsed, is_model_output
 
 __all__ = ["TextProtocol"]
@@ -16,6 +16,18 @@ _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.S)
 _OPEN_FENCE = re.compile(r"[ \t]*(`{3,})[^`]*")
 _RENDERED = re.compile(r"```bash\n(.*)\n```", re.S)
 _NO_ANSWER = "the reply has no answer after the reasoning"
+# Where a reply's first ```bash block closes (a closing fence alone on its line, followed by
+# a newline): generation stops there instead of running on into notes and more blocks.
+BLOCK_END = "\n```\n"
+# Shown before every task (``TextProtocol.examples``): everyday commands on paths no task uses,
+# and one submit after a command that printed nothing. (is a task, user turn, command or submit)
+EXAMPLE_TURNS: tuple[tuple[bool, str, str | None], ...] = (
+    (True, "Show the first line of the file /etc/passwd", "head -n 1 /etc/passwd"),
+    (True, "Make the directory /srv/cache", "mkdir -p /srv/cache"),
+    (True, "Save the word ready in the file /tmp/status", "echo ready > /tmp/status"),
+    (False, "(no output)", None),
+    (True, "Find the lines of /var/log/syslog that contain error", "grep error /var/log/syslog"),
+)
 
 
 def _answer(text: str) -> tuple[str, str | None]:
@@ -47,9 +59,36 @@ def _blocks(text: str) -> tuple[list[str], bool]:
 
 
 class TextProtocol(AgentProtocol):
-    """One ```` ```bash ```` block per reply, or the submit word alone; prose is never run."""
+    """One ```` ```bash ```` block per reply, or the submit word alone; prose is never run.
+
+    ``stop_after_block`` (default) ends generation at the first closing fence (``BLOCK_END``):
+    a small model otherwise writes on after its command until ``max_tokens`` cuts it off,
+    and a cut-off reply runs nothing. The stop string stays in the reply, so what was
+    sampled is what is parsed; a reply that opens a bare ```` ``` ```` fence after prose
+    stops there, unclosed, and is a format error as before. ``few_shot`` (default) shows
+    ``EXAMPLE_TURNS`` before the task."""
 
     name = "text"
+
+    def __init__(
+        self, *, submit_word: str = "SUBMIT", stop_after_block: bool = True, few_shot: bool = True
+    ) -> None:
+        super().__init__(submit_word=submit_word)
+        self.stop_after_block = stop_after_block
+        self.few_shot = few_shot
+
+    def stop_sequences(self) -> tuple[str, ...]:
+        return (BLOCK_END,) if self.stop_after_block else ()
+
+    def examples(self, frame: Callable[[str], str] = str) -> tuple[ChatMessage, ...]:
+        if not self.few_shot:
+            return ()
+        turns: list[ChatMessage] = []
+        for is_task, said, command in EXAMPLE_TURNS:
+            reply = self.submit_word if command is None else f"```bash\n{command}\n```"
+            turns.append(ChatMessage(role="user", content=frame(said) if is_task else said))
+            turns.append(ChatMessage(role="assistant", content=reply))
+        return tuple(turns)
 
     def _expected(self) -> str:
         """The line an observation adds after a format error."""
@@ -59,16 +98,11 @@ class TextProtocol(AgentProtocol):
         )
 
     def instructions(self) -> str:
+        """Short on purpose: with the example turns, it measured best for a small model
+        (a longer prompt describing reasoning and notes did no better)."""
         return (
-            "You are working in a Linux shell to complete a task. Each reply runs one "
-            "shell command: put it in a single fenced code block, like\n"
-            "```bash\nls -la\n```\n"
-            "The shell is persistent (the working directory and variables carry over) and "
-            "the command's output is your next message. You may reason inside "
-            "<think>...</think> and write short notes outside the block; only the block is "
-            "run, and a reply with no block or several blocks runs nothing.\n"
-            f"When the task is complete, reply with {self.submit_word} alone (no code "
-            "block) to have your work verified; this ends the episode."
+            "You are a Linux shell agent. Reply with exactly one shell command in a ```bash "
+            f"code block. When the task is done, reply {self.submit_word} alone."
         )
 
     def parse(self, action: Action) -> Parsed:

@@ -119,7 +119,7 @@ async def _drive(rollout: Rollout, cfg: RunConfig, batcher: Batcher, run: Run) -
         if closer.shut:
             return
         if tokens is not None and not rollout.finished:
-            await tokens.start([rollout], cfg.system_prompt)
+            await tokens.start([rollout], cfg.preamble)
         while not rollout.finished:
             if rollout.pending_action is None:
                 await batcher.generate(rollout)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..backends.base import Backend
 from ..env import EnvFactory, Environment, RestoreFn
-from ..types import SamplingParams
+from ..types import ChatMessage, SamplingParams
 from ._rollout import PromptBuilder
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ class RunConfig:
     sampling_params: SamplingParams
     env_factory: EnvFactory | None
     restore_fn: RestoreFn
-    system_prompt: str | None
+    preamble: tuple[ChatMessage, ...]  # the system prompt and example turns, before the task
     prompt_builder: PromptBuilder | None
     max_steps: int | None
     step_timeout: float | None

@@ -47,7 +47,7 @@ async def prepare_one(
     rollout.begin()
     if spec.state is not None and spec.state.done:
         # Nothing to step: no instance (no container) is needed.
-        rollout.start(spec.state, cfg.system_prompt, cfg.max_steps, None, cfg.keep_reasoning)
+        rollout.start(spec.state, cfg.preamble, cfg.max_steps, None, cfg.keep_reasoning)
         return
     try:
         if cfg.multi_instance:
@@ -87,7 +87,7 @@ async def prepare_one(
         rollout.fail(exc, phase)
         closer.close(rollout)  # a restore that failed: its instance goes at once
         return
-    rollout.start(state, cfg.system_prompt, cfg.max_steps, env.max_steps, cfg.keep_reasoning)
+    rollout.start(state, cfg.preamble, cfg.max_steps, env.max_steps, cfg.keep_reasoning)
     if rollout.finished:
         closer.close(rollout)  # done before its first round (e.g. over max_steps)
 

@@ -112,7 +112,7 @@ async def _unwrapped(work: Awaitable[None]) -> None:
 async def _round(active: Sequence[Rollout], cfg: RunConfig, closer: Closer) -> None:
     cfg.stats.rounds += 1
     if cfg.tokens is not None:  # token mode: start prompts of rollouts that just joined
-        for rollout in await cfg.tokens.start(active, cfg.system_prompt):
+        for rollout in await cfg.tokens.start(active, cfg.preamble):
             closer.close(rollout)
     needing = [r for r in active if r.pending_action is None and not r.finished]
     if needing:

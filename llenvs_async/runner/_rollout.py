@@ -241,7 +241,7 @@ class Rollout:
     def start(
         self,
         state: State,
-        system_prompt: str | None,
+        preamble: Sequence[ChatMessage],
         steps_left: int | None,
         env_max_steps: int | None,
         keep_reasoning: bool = False,
@@ -250,8 +250,7 @@ class Rollout:
         self.pending_action = self.spec.forced_action
         self.asked = _timing.clock()
         self.steps_left = steps_left
-        system = (ChatMessage(role="system", content=system_prompt),) if system_prompt else ()
-        self.messages = (*self.messages, *system, *conversation(state, keep_reasoning))
+        self.messages = (*self.messages, *preamble, *conversation(state, keep_reasoning))
         if self.pending_action is not None and state.done:
             # Dropping the forced action would return an empty trajectory that looks like a
             # clean Q(s, a) sample of 0 although ``a`` was never taken.

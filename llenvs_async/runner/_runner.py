@@ -6,13 +6,14 @@ import asyncio
 import contextlib
 import inspect
 from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from .._resource import AsyncResource
 from ..backends.base import Backend
 from ..env import EnvFactory, Environment, RestoreFn, replay_restore
 from ..errors import ClosedError
-from ..types import Action, SamplingParams, State, Trajectory
+from ..types import Action, ChatMessage, SamplingParams, State, Trajectory
 from ._async import run_async
 from ._config import COALESCE_WINDOW, RunConfig, RunnerStats
 from ._lockstep import SCHEDULES, Schedule, run_rollouts
@@ -110,11 +111,17 @@ class TrajectoryRunner(AsyncResource):
             raise ValueError("chat_template_kwargs is used by token_mode=True only")
         self.environment = environment
         self.backend = backend
-        self.sampling_params = sampling_params or SamplingParams()
+        self.sampling_params = _with_stops(
+            sampling_params or SamplingParams(), getattr(environment, "stop_sequences", ())
+        )
         self.env_factory = env_factory
         self.restore_fn: RestoreFn = restore_fn or replay_restore
         self.system_prompt = (
             getattr(environment, "system_prompt", None) if system_prompt is None else system_prompt
+        )
+        # The format's example turns go with its system prompt; system_prompt="" sends neither.
+        self.example_turns: tuple[ChatMessage, ...] = (
+            tuple(getattr(environment, "example_turns", ())) if system_prompt != "" else ()
         )
         self.max_steps = max_steps
         self.step_timeout = step_timeout
@@ -313,7 +320,14 @@ class TrajectoryRunner(AsyncResource):
             sampling_params=self.sampling_params,
             env_factory=self.env_factory,
             restore_fn=self.restore_fn,
-            system_prompt=self.system_prompt,
+            preamble=(
+                *(
+                    (ChatMessage(role="system", content=self.system_prompt),)
+                    if self.system_prompt
+                    else ()
+                ),
+                *self.example_turns,
+            ),
             prompt_builder=self.prompt_builder,
             max_steps=max_steps if max_steps is not None else self.max_steps,
             step_timeout=self.step_timeout,
@@ -347,6 +361,17 @@ def _attach_finished(exc: BaseException, done: list[Trajectory], total: int) -> 
             f"llenvs_async: {len(done)} of {total} rollouts had finished; their trajectories "
             "are on this exception's `finished_trajectories`"
         )
+
+
+def _with_stops(params: SamplingParams, stops: Sequence[str]) -> SamplingParams:
+    """``params`` with the environment's stop sequences added (a text format's end of
+    reply); the caller's own stop strings come first and none is repeated."""
+    if isinstance(stops, str) or not all(isinstance(s, str) and s for s in stops):
+        raise TypeError(
+            f"the environment's stop_sequences must be non-empty strings, got {stops!r}"
+        )
+    merged = tuple(dict.fromkeys((*params.stop, *stops)))
+    return params if merged == tuple(params.stop) else replace(params, stop=merged)
 
 
 def _check_tools(tools: Sequence[Mapping[str, Any]]) -> tuple[Mapping[str, Any], ...]:

@@ -185,7 +185,9 @@ class TokenPrompts:
 
         return await asyncio.to_thread(run)
 
-    async def start(self, rollouts: Sequence[Rollout], system_prompt: str | None) -> list[Rollout]:
+    async def start(
+        self, rollouts: Sequence[Rollout], preamble: Sequence[ChatMessage]
+    ) -> list[Rollout]:
         """Give every rollout without one its start prompt (the start state's token prefix,
         else its conversation templated once, then kept on the state). Returns the rollouts
         that failed (recorded on them)."""
@@ -193,7 +195,7 @@ class TokenPrompts:
         if not todo:
             return []
         try:
-            results = await self._batch([_start_work(r, system_prompt) for r in todo])
+            results = await self._batch([_start_work(r, preamble) for r in todo])
         except LlenvsError as exc:  # no tokenizer: the round fails, as a raising backend's
             for rollout in todo:
                 rollout.fail(exc, "generate")
@@ -256,7 +258,7 @@ def token_mismatch(completion: Completion, request: GenerationRequest) -> Backen
 
 
 def _start_work(
-    rollout: Rollout, system_prompt: str | None
+    rollout: Rollout, preamble: Sequence[ChatMessage]
 ) -> Callable[[ChatFrame], tuple[tuple[int, ...], bool]]:
     state = rollout.state
     assert state is not None and type(state.actions) is ActionPath
@@ -266,10 +268,7 @@ def _start_work(
         prefix = path.token_prefix()
         templated = prefix is None
         if prefix is None:
-            messages = conversation(state)
-            if system_prompt:
-                messages.insert(0, ChatMessage(role="system", content=system_prompt))
-            prefix = frame.prompt(messages)
+            prefix = frame.prompt([*preamble, *conversation(state)])
         return prefix, templated
 
     return work

@@ -116,9 +116,11 @@ async def test_chat_payload_maps_sampling_params_and_extras(
     ]
     assert (first["max_tokens"], first["top_k"], first["stop"], first["seed"]) == (5, 7, ["\n"], 11)
     assert (first["logprobs"], first["top_logprobs"], first["return_token_ids"]) == (True, 2, True)
+    assert first["include_stop_str_in_output"] is True  # a stop string stays in the text
     assert first["min_p"] == 0.1
     # The seed sent is the request's own; the base seed in params is not sent.
     assert "top_k" not in second and "logprobs" not in second and "seed" not in second
+    assert "include_stop_str_in_output" not in second  # no stop string, nothing to keep
 
 
 async def test_every_request_sends_its_own_seed_in_both_modes() -> None:

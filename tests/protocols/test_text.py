@@ -177,8 +177,18 @@ def test_observe_returns_the_result_text() -> None:
 
 def test_instructions_explain_the_format() -> None:
     prompt = TEXT.instructions()
-    assert "```bash" in prompt and "SUBMIT alone" in prompt and "<think>" in prompt
+    assert "```bash" in prompt and "SUBMIT alone" in prompt
     assert TEXT.tools() == ()
+
+
+def test_example_turns_are_replies_the_parser_accepts() -> None:
+    """Every shown assistant turn parses to a command or a submit under the same rules."""
+    turns = TEXT.examples()
+    assert [m.role for m in turns] == ["user", "assistant"] * (len(turns) // 2)
+    shown = [TEXT.parse(reply(m.content)) for m in turns if m.role == "assistant"]
+    assert all(p.error is None for p in shown) and sum(p.submits for p in shown) == 1
+    assert TextProtocol(submit_word="DONE").examples()[7].content == "DONE"
+    assert TextProtocol(few_shot=False).examples() == () and ToolsProtocol().examples() == ()
 
 
 def test_get_protocol() -> None:
@@ -192,3 +202,18 @@ def test_get_protocol() -> None:
         get_protocol("json")
     with pytest.raises(ValueError, match="one non-empty word"):
         get_protocol("text", submit_word="ALL DONE")
+
+
+def test_generation_stops_where_the_first_block_closes_and_the_reply_still_parses() -> None:
+    """The stop string ends a reply after its block; kept in the text, it parses as the
+    whole reply would have, and a prose-first bare fence stops unclosed: an error, as ever."""
+    (stop,) = TEXT.stop_sequences()
+    rambling = "```bash\nwc -l /app/a.log\n```\nThis counts the lines.\n```bash\nls\n```\n"
+    stopped = rambling[: rambling.index(stop) + len(stop)]
+    assert stopped == "```bash\nwc -l /app/a.log\n```\n"
+    assert TEXT.parse(reply(rambling)).error is not None  # two blocks: never run
+    assert TEXT.parse(reply(stopped)) == bash("wc -l /app/a.log")
+    bare = "Run this:\n```\nls\n```\n"
+    assert TEXT.parse(reply(bare[: bare.index(stop) + len(stop)])).error is not None
+    assert TextProtocol(stop_after_block=False).stop_sequences() == ()
+    assert ToolsProtocol().stop_sequences() == ()

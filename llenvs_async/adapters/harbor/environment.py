@@ -354,9 +354,18 @@ class HarborEnvironment(ShellTaskEnvironment):
     def _initial_text(self, task: HarborTask) -> str:
         if task.steps:
             return multi_step.step_text(task, 0, self.submit_keyword, self._workdir)
+        return self._framed(task.instruction, self._workdir)
+
+    def frame_task(self, instruction: str) -> str:
+        """An example task worded as a first message is: with the first task's working
+        directory (no episode has started when the runner asks)."""
+        tasks = self.dataset.tasks
+        return self._framed(instruction, tasks[0].declared_workdir if tasks else "/")
+
+    def _framed(self, instruction: str, workdir: str) -> str:
         return (
-            f"{task.instruction}\n\n"
-            f"You are in a bash shell inside a Linux container, in {self._workdir}. Run one "
+            f"{instruction}\n\n"
+            f"You are in a bash shell inside a Linux container, in {workdir}. Run one "
             f"command at a time and read its output; when the task is done, submit "
             f"({self.submit_keyword})."
         )
