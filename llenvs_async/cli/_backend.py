@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 from .._shield import shielded
 from ..backends.base import Backend
 from ..backends.scripted import ScriptedBackend
+from ..models import KNOWN_MODELS, resolve_model
 from ..runner import TrajectoryRunner
 from ..runner._lockstep import Schedule
 from ..types import SamplingParams
@@ -37,6 +38,7 @@ class BackendOptions:
     seed: int
     temperature: float
     max_tokens: int
+    top_p: float = 1.0
     token_mode: bool = False
     tokenizer: str | None = None
     chat_template_kwargs: Mapping[str, Any] | None = None
@@ -65,7 +67,11 @@ class BackendOptions:
             raise CliError("--token-mode needs --backend vllm or openai (with --tokenizer)")
         if self.token_mode and self.kind is BackendKind.openai and not self.tokenizer:
             raise CliError("--backend openai --token-mode needs --tokenizer (a model directory)")
-        if self.tokenizer is not None and not os.path.isdir(self.tokenizer):
+        if (
+            self.tokenizer is not None
+            and self.tokenizer not in KNOWN_MODELS
+            and not os.path.isdir(self.tokenizer)
+        ):
             raise CliError(f"--tokenizer {self.tokenizer!r} is not a directory")
         if self.temperature < 0 or self.max_tokens < 1:
             raise CliError("--temperature must be >= 0 and --max-tokens >= 1")
@@ -87,8 +93,9 @@ class BackendOptions:
     @property
     def sampling_params(self) -> SamplingParams:
         return SamplingParams(
-            temperature=self.temperature, max_tokens=self.max_tokens, seed=self.seed
-        )
+            temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens,
+            seed=self.seed,
+        )  # fmt: skip
 
 
 def build_backend(options: BackendOptions, source: Source) -> Backend:
@@ -105,7 +112,7 @@ def build_backend(options: BackendOptions, source: Source) -> Backend:
             options.model,
             api_key=os.environ.get("OPENAI_API_KEY"),
             mode="completions" if options.token_mode else "chat",
-            tokenizer=options.tokenizer,
+            tokenizer=options.tokenizer and resolve_model(options.tokenizer),
             # Chat mode: the server applies the template (token mode: the runner does).
             extra_body=_template_body(options),
             # Token mode parses the raw completion here; chat mode's server parses.
@@ -116,7 +123,7 @@ def build_backend(options: BackendOptions, source: Source) -> Backend:
 
     # Without vLLM installed this raises BackendError naming the extra to install.
     return VLLMBackend(
-        model=options.model,
+        model=resolve_model(options.model),  # a known model's name: fetched once, cached
         tool_call_parser=options.tool_call_parser,
         reasoning_parser=options.reasoning_parser,
         chat_template_kwargs=options.chat_template_kwargs,

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from ..docker.shell_task import DEFAULT_MAX_OBSERVATION_CHARS
+from ..models import KNOWN_MODELS
 from ..protocols import PROTOCOLS
 from ._backend import BackendKind, BackendOptions
 from ._common import CliError
@@ -78,16 +79,24 @@ EpsilonOpt = Annotated[
     typer.Option("--epsilon", help="Scripted oracle: probability of a wrong/destructive action."),
 ]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the scripted policy and sampling.")]
-TemperatureOpt = Annotated[float, typer.Option("--temperature", help="Sampling temperature.")]
+TemperatureOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--temperature",
+        help="Sampling temperature (default: the known model's measured setting, else 1.0).",
+    ),
+]
 MaxTokensOpt = Annotated[
-    int,
+    int | None,
     typer.Option(
         "--max-tokens",
         help="Tokens per generated action, clamped to what the context window leaves "
-        "(the default leaves a reasoning model room to think).",
+        "(default: the known model's measured setting, else 4096: room for a reasoning "
+        "model to think).",
     ),
 ]
 DEFAULT_MAX_TOKENS = 4096
+DEFAULT_TEMPERATURE = 1.0
 ActionFormatOpt = Annotated[
     str,
     typer.Option(
@@ -250,8 +259,8 @@ def backend_options(
     base_url: str | None,
     epsilon: float,
     seed: int,
-    temperature: float,
-    max_tokens: int,
+    temperature: float | None,
+    max_tokens: int | None,
     token_mode: bool = False,
     tokenizer: str | None = None,
     *,
@@ -262,10 +271,17 @@ def backend_options(
     tool_call_parser: str | None = None,
     reasoning_parser: str | None = None,
 ) -> BackendOptions:
-    """Bundle and validate the backend flags."""
+    """Bundle and validate the backend flags; sampling flags left unset take the known
+    model's measured defaults (``llenvs_async.models``), else the generic ones."""
+    spec = KNOWN_MODELS.get(model or "")
+    if temperature is None:
+        temperature = spec.temperature if spec else DEFAULT_TEMPERATURE
+    if max_tokens is None:
+        max_tokens = spec.max_tokens if spec else DEFAULT_MAX_TOKENS
     options = BackendOptions(
         kind=backend, model=model, base_url=base_url, epsilon=epsilon, seed=seed,
         temperature=temperature, max_tokens=max_tokens, token_mode=token_mode,
+        top_p=spec.top_p if spec else 1.0,
         tokenizer=tokenizer, chat_template_kwargs=_json_object(chat_template_kwargs),
         keep_reasoning=keep_reasoning, tool_choice=tool_choice,
         system_prompt=_read_prompt(system_prompt), tool_call_parser=tool_call_parser,

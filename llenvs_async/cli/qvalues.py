@@ -75,8 +75,8 @@ def q_values(
     base_url: opt.BaseUrlOpt = None,
     epsilon: opt.EpsilonOpt = 0.0,
     seed: opt.SeedOpt = 0,
-    temperature: opt.TemperatureOpt = 1.0,
-    max_tokens: opt.MaxTokensOpt = opt.DEFAULT_MAX_TOKENS,
+    temperature: opt.TemperatureOpt = None,
+    max_tokens: opt.MaxTokensOpt = None,
     plot: Annotated[
         Path | None, typer.Option("--plot", help="PNG path (default: RESULTS with .q.png).")
     ] = None,
