@@ -26,6 +26,7 @@ from llenvs_async import (
     ScriptedBackend,
     State,
     StepResult,
+    TextProtocol,
     TrajectoryRunner,
 )
 from llenvs_async.adapters.harbor import HarborAdapter, HarborEnvironment, load_task
@@ -108,7 +109,8 @@ def chain_reply(prompt: str) -> str:
 def solution_reply(prompt: str) -> str:
     """The organize-files solution, one command per turn, then ``SUBMIT``."""
     commands = load_task(EXAMPLES / "organize-files").solution_commands()
-    step = prompt.count("<|im_start|>assistant") - 1
+    shown = sum(m.role == "assistant" for m in TextProtocol().examples())  # the example turns
+    step = prompt.count("<|im_start|>assistant") - 1 - shown
     return shell_reply(commands[step] if step < len(commands) else "SUBMIT")
 
 

@@ -44,9 +44,12 @@ async def test_restored_harbor_rollout_sends_the_original_messages(adapter: Harb
         assert again.error is None
         assert first[0] == sent[k]
         texts = [m.content for m in first[0]]
-        assert texts[0] == "You are a shell agent." and texts[2] == shell_reply(COMMANDS[0])
-        assert texts[6] == shell_reply(COMMANDS[2])
-        assert texts[7] == "draft"  # what `cat notes.txt` showed
-        assert len(texts) == 2 + 2 * k
+        # the system prompt, the format's example turns, then the episode as it was
+        shown = [m.content for m in env.example_turns]
+        assert texts[0] == "You are a shell agent." and texts[1 : 1 + len(shown)] == shown
+        episode = texts[1 + len(shown) :]
+        assert episode[1] == shell_reply(COMMANDS[0]) and episode[5] == shell_reply(COMMANDS[2])
+        assert episode[6] == "draft"  # what `cat notes.txt` showed
+        assert len(episode) == 1 + 2 * k
     finally:
         await env.aclose()
