@@ -79,7 +79,7 @@ lint: install
 demo: install vllm real-model docker images
 	$(PY) examples/demo.py
 
-bench: install docker gvisor images
+bench: install vllm real-model docker gvisor images
 	$(PY) -m benchmarks.run_all
 
 clean:

@@ -7,7 +7,7 @@ time the engine was busy (a generate call in flight) against the environment's (
 container start, commands, verification, teardown).
 
 ``python -m benchmarks.bench_real_model [--quick]`` (needs ``make real-model`` and Docker;
-not part of ``make bench``).
+``make bench`` runs it with the others).
 """
 
 from __future__ import annotations
