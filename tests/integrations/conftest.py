@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,3 +32,25 @@ def no_containers_left() -> Iterator[None]:
     assert asyncio.run(_task_containers()) == []
     yield
     assert asyncio.run(_task_containers()) == [], "the test left Harbor containers behind"
+
+
+def cpu_grpo_config(out: Path, *, max_steps: int, learning_rate: float) -> Any:
+    """TRL's ``GRPOConfig`` for a small GRPO run on the CPU: groups of 4, one group a step,
+    no KL term, a log line per step, nothing saved, seeded."""
+    import trl
+
+    return trl.GRPOConfig(
+        output_dir=str(out),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_steps=max_steps,
+        learning_rate=learning_rate,
+        beta=0.0,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        bf16=False,
+        disable_tqdm=True,
+        seed=0,
+    )

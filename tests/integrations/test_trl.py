@@ -47,6 +47,8 @@ from llenvs_async.integrations.trl import (
 from llenvs_async.testing.chat_tokenizer import IM_END, ChatMLTokenizer
 from tests._support import run_child
 
+from .conftest import cpu_grpo_config
+
 ROOT = Path(__file__).resolve().parents[2]
 SYSTEM = "Walk right."
 LOOP_THREAD = "llenvs-trl-rollouts"
@@ -459,21 +461,7 @@ def test_grpo_trainer_takes_optimizer_steps_on_our_rollouts(
     backend = runner.backend
     assert isinstance(backend, ScriptedBackend)
     calls: list[tuple[list[Any], dict[str, list[Any]], list[Trajectory]]] = []
-    config = trl.GRPOConfig(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_steps=2,
-        learning_rate=1e-2,
-        beta=0.0,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        use_cpu=True,
-        bf16=False,
-        disable_tqdm=True,
-        seed=0,
-    )
+    config = cpu_grpo_config(tmp_path, max_steps=2, learning_rate=1e-2)
     with rollout_func(runner) as rollouts:
 
         def recorded(prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:

@@ -30,6 +30,8 @@ from llenvs_async.docker.engine import DockerEngine
 from llenvs_async.integrations.trl import environment_reward, rollout_func
 from llenvs_async.policies import shell_reply
 
+from .conftest import cpu_grpo_config
+
 pytestmark = [pytest.mark.trainers, pytest.mark.docker]
 
 TASKS = Path(__file__).resolve().parents[2] / "examples" / "tasks"
@@ -124,21 +126,7 @@ def test_grpo_trains_on_harbor_rollouts_in_containers_and_leaves_none(
     policy.explode = count_live
 
     def config(steps: int) -> Any:
-        return trl.GRPOConfig(
-            output_dir=str(tmp_path / "out"),
-            per_device_train_batch_size=4,
-            num_generations=4,
-            max_steps=steps,
-            learning_rate=1e-2,
-            beta=0.0,
-            logging_steps=1,
-            report_to="none",
-            save_strategy="no",
-            use_cpu=True,
-            bf16=False,
-            disable_tqdm=True,
-            seed=0,
-        )
+        return cpu_grpo_config(tmp_path / "out", max_steps=steps, learning_rate=1e-2)
 
     dataset = datasets.Dataset.from_dict({"prompt": [TASK] * 4})
     with rollout_func(make_runner) as rollouts:

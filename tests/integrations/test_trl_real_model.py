@@ -18,6 +18,7 @@ from llenvs_async import SamplingParams, TrajectoryRunner
 from llenvs_async.adapters.harbor import HarborAdapter
 
 from ..examples.conftest import load_example
+from .conftest import cpu_grpo_config
 from .test_trl_harbor import task_containers
 
 pytestmark = [pytest.mark.trainers, pytest.mark.docker, pytest.mark.vllm]
@@ -66,21 +67,7 @@ def test_grpo_trains_the_real_model_on_its_own_container_rollouts(
                     token_mode=True,
                 )
 
-    config = trl.GRPOConfig(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_steps=2,
-        learning_rate=1e-5,
-        beta=0.0,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        use_cpu=True,
-        bf16=False,
-        disable_tqdm=True,
-        seed=0,
-    )
+    config = cpu_grpo_config(tmp_path / "out", max_steps=2, learning_rate=1e-5)
     dataset = datasets.Dataset.from_dict({"prompt": ["easy-rename-delta"] * 4})
     batches: list[list[Any]] = []
     with rollout_func(make_runner) as rollouts:
