@@ -122,12 +122,18 @@ class _AnyAnnotation:
         return Any
 
 
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
+@pytest.fixture(scope="module", params=["tiny", "smollm2-135m-instruct"])
+def tokenizer(request: pytest.FixtureRequest) -> Any:
+    """The tiny model's tokenizer, and the real model's (its BPE and ChatML template)."""
     transformers = pytest.importorskip("transformers")
-    from llenvs_async.testing.tiny_model import cached_tiny_model
+    if request.param == "tiny":
+        from llenvs_async.testing.tiny_model import cached_tiny_model
 
-    return transformers.AutoTokenizer.from_pretrained(cached_tiny_model())
+        return transformers.AutoTokenizer.from_pretrained(cached_tiny_model())
+    pytest.importorskip("gguf")
+    from llenvs_async.models import fetch_model
+
+    return transformers.AutoTokenizer.from_pretrained(fetch_model(request.param))
 
 
 def word_backend(tokenizer: Any, choose: Any) -> ScriptedBackend:

@@ -114,23 +114,32 @@ def solution_reply(prompt: str) -> str:
     return shell_reply(commands[step] if step < len(commands) else "SUBMIT")
 
 
+@pytest.fixture(scope="module", params=["tiny", "smollm2-135m-instruct"])
+def model_dir(request: pytest.FixtureRequest) -> Path:
+    """The tiny model, and the real one: verl's rows built from each one's tokenizer."""
+    if request.param == "tiny":
+        from llenvs_async.testing.tiny_model import cached_tiny_model
+
+        return cached_tiny_model()
+    pytest.importorskip("gguf")
+    from llenvs_async.models import fetch_model
+
+    return fetch_model(request.param)
+
+
 @pytest.fixture(scope="module")
-def tokenizer() -> Any:
+def tokenizer(model_dir: Path) -> Any:
     transformers = pytest.importorskip("transformers")
-    from llenvs_async.testing.tiny_model import cached_tiny_model
-
-    return transformers.AutoTokenizer.from_pretrained(cached_tiny_model())
+    return transformers.AutoTokenizer.from_pretrained(model_dir)
 
 
 @pytest.fixture(scope="module")
-def verl_config(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def verl_config(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Any:
     """verl's own ``ppo_trainer`` config (hydra), with our agent loops registered the way a
     user does it: a YAML file named by ``rollout.agent.agent_loop_config_path``."""
     pytest.importorskip("verl.experimental.agent_loop.agent_loop")
     hydra = pytest.importorskip("hydra")
     import verl.trainer.config
-
-    from llenvs_async.testing.tiny_model import cached_tiny_model
 
     loops = tmp_path_factory.mktemp("verl") / "agent_loops.yaml"
     target = "llenvs_async.integrations.verl.LlenvsAgentLoop"
@@ -146,7 +155,7 @@ def verl_config(tmp_path_factory: pytest.TempPathFactory) -> Any:
         return hydra.compose(
             config_name="ppo_trainer",
             overrides=[
-                f"actor_rollout_ref.model.path={cached_tiny_model()}",
+                f"actor_rollout_ref.model.path={model_dir}",
                 "actor_rollout_ref.rollout.name=vllm",
                 f"actor_rollout_ref.rollout.prompt_length={PROMPT_LENGTH}",
                 f"actor_rollout_ref.rollout.response_length={RESPONSE_LENGTH}",
