@@ -100,9 +100,10 @@ class GenerationRequest:
     """One rollout's prompt for this round.
 
     ``prompt_token_ids``, when given, lets a backend skip chat templating.
-    ``rollout_index`` is the rollout's input position (for scripted policies and logs).
-    ``seed`` is this request's own sampling seed, derived by the runner from the run's
-    base seed, the rollout's input index and the step (None: the engine's randomness).
+    ``rollout_index`` is the rollout's id: its input position unless the run was given
+    ``rollout_ids`` (for scripted policies and logs). ``seed`` is this request's own
+    sampling seed, derived by the runner from the run's base seed, the task, the rollout's
+    id and the step (None: the engine's randomness).
     ``tools`` are OpenAI-format tool definitions offered to the model; ``tool_choice``
     is OpenAI's (``"auto"``, ``"required"``, ``"none"`` or a named function; None: the
     server's default).

@@ -221,8 +221,11 @@ async def _collect(
                 states = [state for _, state, _ in runnable]
                 if not states:  # every task failed to start: recorded above, nothing to roll out
                     return writer.written
+                # Seeds follow each rollout's (task, rollout) key, not its place in this
+                # run: a resumed run draws what the first one would have.
+                ids = [job.rollout for job, _, _ in runnable]
                 async with contextlib.aclosing(
-                    runner.iter_batch_from_states(states, batch_size=n_concurrent)
+                    runner.iter_batch_from_states(states, batch_size=n_concurrent, rollout_ids=ids)
                 ) as trajectories:
                     async for trajectory in trajectories:
                         assert trajectory.index is not None

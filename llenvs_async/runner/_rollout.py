@@ -65,14 +65,18 @@ def is_programming_error(exc: BaseException) -> bool:
     return isinstance(exc, BaseExceptionGroup) and exc.subgroup(PROGRAMMING_ERRORS) is not None
 
 
-def request_seed(base_seed: int | None, rollout_index: int, step: int) -> int | None:
-    """The sampling seed of rollout ``rollout_index``'s request at ``step``: a stable hash of
-    the three, so rollouts from one state are independent samples and a rerun with the same
-    base seed reproduces them. ``None`` (no base seed) leaves sampling to the engine.
+def request_seed(
+    base_seed: int | None, task: int | str | None, rollout_id: int, step: int
+) -> int | None:
+    """The sampling seed of rollout ``rollout_id`` of ``task`` at ``step``: a stable hash of
+    the four, so rollouts from one state are independent samples and a rerun (or a resumed
+    run) with the same base seed reproduces them. ``None`` (no base seed) leaves sampling
+    to the engine.
     """
     if base_seed is None:
         return None
-    digest = hashlib.blake2b(f"{base_seed}:{rollout_index}:{step}".encode(), digest_size=8).digest()
+    key = f"{base_seed}:{task!r}:{rollout_id}:{step}"
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") & 0x7FFF_FFFF_FFFF_FFFF  # fits a signed int64
 
 
@@ -136,13 +140,21 @@ def with_saved_history(restored: State, saved: State) -> State:
 
 @dataclass(frozen=True, slots=True)
 class RolloutInput:
-    """What one rollout starts from: a task to reset to, or a saved state to restore."""
+    """What one rollout starts from: a task to reset to, or a saved state to restore.
+    ``index`` is its position in the run; ``rollout_id`` (default: ``index``) is what its
+    seeds follow, so a caller that resumes a run keeps each rollout's own draws."""
 
     index: int
     task: int | str | None = None
     seed: int | None = None
     state: State | None = None
     forced_action: Action | None = None
+    rollout_id: int | None = None
+
+    @property
+    def seed_id(self) -> int:
+        """The id this rollout's sampling seeds and scripted draws follow."""
+        return self.index if self.rollout_id is None else self.rollout_id
 
 
 _STEP = 6  # entries a step keeps in ``Rollout.steps``: the fields of its Transition but tokens
@@ -281,10 +293,10 @@ class Rollout:
         return GenerationRequest(
             messages=messages,
             prompt_token_ids=self.prompt_ids,
-            rollout_index=self.spec.index,
+            rollout_index=self.spec.seed_id,
             step=self.state.step,
             task=self.state.task,
-            seed=request_seed(base_seed, self.spec.index, self.state.step),
+            seed=request_seed(base_seed, self.state.task, self.spec.seed_id, self.state.step),
             tools=tools,
             tool_choice=tool_choice if tools else None,
         )

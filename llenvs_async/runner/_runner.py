@@ -164,8 +164,14 @@ class TrajectoryRunner(AsyncResource):
         seeds: Sequence[int | None] | None = None,
         max_steps: int | None = None,
         schedule: Schedule | None = None,
+        rollout_ids: Sequence[int] | None = None,
     ) -> list[Trajectory]:
-        """Roll out one episode per task from ``reset(task)``; results in input order."""
+        """Roll out one episode per task from ``reset(task)``; results in input order.
+
+        ``rollout_ids`` (default: each input's position) are what the sampling seeds and
+        scripted draws follow, with the task and the step: give each rollout its number
+        within its task and a resumed run that leaves some out keeps the others' draws.
+        """
         tasks = _as_sequence("tasks", tasks)
         if seeds is not None and len(seeds) != len(tasks):
             raise ValueError(f"seeds has {len(seeds)} items but tasks has {len(tasks)}")
@@ -173,6 +179,7 @@ class TrajectoryRunner(AsyncResource):
             RolloutInput(index=i, task=task, seed=None if seeds is None else seeds[i])
             for i, task in enumerate(tasks)
         ]
+        specs = _with_ids(specs, rollout_ids, "tasks")
         return await self._collect(specs, batch_size, max_steps, schedule)
 
     async def run_batch_from_states(
@@ -182,9 +189,12 @@ class TrajectoryRunner(AsyncResource):
         max_steps: int | None = None,
         *,
         schedule: Schedule | None = None,
+        rollout_ids: Sequence[int] | None = None,
     ) -> list[Trajectory]:
-        """Roll out from saved states (restored per instance when not pure); input order."""
-        return await self._collect(_state_specs(states, None), batch_size, max_steps, schedule)
+        """Roll out from saved states (restored per instance when not pure); input order.
+        ``rollout_ids`` as in ``run_batch``."""
+        specs = _with_ids(_state_specs(states, None), rollout_ids, "states")
+        return await self._collect(specs, batch_size, max_steps, schedule)
 
     async def run_batch_from_state_actions(
         self,
@@ -194,11 +204,12 @@ class TrajectoryRunner(AsyncResource):
         max_steps: int | None = None,
         *,
         schedule: Schedule | None = None,
+        rollout_ids: Sequence[int] | None = None,
     ) -> list[Trajectory]:
         """Like ``run_batch_from_states`` but rollout i's first action is ``actions[i]``
         (not generated): the Monte Carlo recipe for Q(s, a).
         """
-        specs = _state_specs(states, actions)
+        specs = _with_ids(_state_specs(states, actions), rollout_ids, "states")
         return await self._collect(specs, batch_size, max_steps, schedule)
 
     async def iter_batch_from_states(
@@ -209,12 +220,14 @@ class TrajectoryRunner(AsyncResource):
         *,
         actions: Sequence[Action | str] | None = None,
         schedule: Schedule | None = None,
+        rollout_ids: Sequence[int] | None = None,
     ) -> AsyncGenerator[Trajectory, None]:
-        """Yield trajectories as they finish (``Trajectory.index`` says which input).
+        """Yield trajectories as they finish (``Trajectory.index`` says which input;
+        ``rollout_ids`` as in ``run_batch``).
 
         Wrap in ``contextlib.aclosing`` to tear instances down the moment you stop early.
         """
-        specs = _state_specs(states, actions)
+        specs = _with_ids(_state_specs(states, actions), rollout_ids, "states")
         iterate = self._iterate(specs, batch_size, max_steps, schedule)
         async with contextlib.aclosing(iterate) as it:
             async for trajectory in it:
@@ -408,6 +421,23 @@ def _as_sequence(name: str, items: Any) -> list[Any]:
     if not items:
         raise ValueError(f"{name} is empty: nothing to roll out")
     return list(items)
+
+
+def _with_ids(
+    specs: list[RolloutInput], rollout_ids: Sequence[int] | None, what: str
+) -> list[RolloutInput]:
+    """``specs`` carrying the caller's rollout ids (their seeds' identity), checked."""
+    if rollout_ids is None:
+        return specs
+    ids = _as_sequence("rollout_ids", rollout_ids)
+    if len(ids) != len(specs):
+        raise ValueError(f"rollout_ids has {len(ids)} items but {what} has {len(specs)}")
+    for i, rollout_id in enumerate(ids):
+        if type(rollout_id) is not int:
+            raise TypeError(
+                f"rollout_ids[{i}] must be an int, got {type(rollout_id).__name__} {rollout_id!r}"
+            )
+    return [replace(spec, rollout_id=r) for spec, r in zip(specs, ids, strict=True)]
 
 
 def _state_specs(

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from llenvs_async.cli._results import load_results, unique_by_key
 from llenvs_async.serialization import read_jsonl, read_trajectories
 from llenvs_async.testing.openai_server import Fault, OpenAITestServer, serve_openai_compatible
 
@@ -77,6 +78,32 @@ async def test_sigint_mid_run_then_resume_loses_and_duplicates_nothing(
     assert sorted(after) == ALL_KEYS  # every (task, rollout) exactly once
     assert f"wrote {len(ALL_KEYS) - len(before)} trajectories" in res.out
     assert all(t.success for t in read_trajectories(out))
+
+
+def _runs(path: Path) -> dict[tuple[Any, int], tuple[tuple[str, ...], float]]:
+    """Each (task, rollout)'s actions and return."""
+    return {
+        r.key: (tuple(a.text for a in r.trajectory.actions), r.trajectory.total_reward)
+        for r in unique_by_key(load_results(path))
+    }
+
+
+def test_a_resumed_run_draws_what_the_uninterrupted_run_drew(tmp_path: Path, cli: Invoke) -> None:
+    # A kill catches some rollouts mid-episode: the file then holds an arbitrary subset of
+    # the keys, and the resumed run must give the rest the draws they had in the full run.
+    args = ("--env", "chain", "--limit", "3", "-n", "6", "-c", "3", "--epsilon", "0.4",
+            "--seed", "11", "-q")  # fmt: skip
+    full, cut = tmp_path / "full.jsonl", tmp_path / "cut.jsonl"
+    assert cli("run", *args, "-o", str(full)).code == 0
+    lines = full.read_text().splitlines(keepends=True)
+    assert len(lines) == 18
+    cut.write_text("".join(line for i, line in enumerate(lines) if i % 3 != 1))
+    res = cli("run", *args, "-o", str(cut), "--resume")
+    assert res.code == 0, res.err
+    assert "wrote 6 trajectories" in res.out
+    expected = _runs(full)
+    assert len({actions for actions, _ in expected.values()}) > 3  # the draws do differ
+    assert _runs(cut) == expected
 
 
 def test_resume_reruns_a_record_cut_mid_line(tmp_path: Path, cli: Invoke) -> None:
@@ -150,3 +177,44 @@ async def test_sigint_on_harbor_run_leaves_no_container_and_resumes(
     tasks = {task for task, _ in after}
     assert len(tasks) == 7
     assert sorted(after) == sorted((task, r) for task in tasks for r in (0, 1))
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+async def test_sigkill_mid_container_run_then_resume_equals_the_uninterrupted_run(
+    tmp_path: Path, cli: Invoke, docker_ready: None
+) -> None:
+    # The issue's shape: a seeded epsilon oracle over three container tasks, killed -9 while
+    # rollouts are in flight, cleaned up and resumed, against the same run never killed.
+    args = ("run", str(EXAMPLE_TASKS), "--limit", "3", "-n", "4", "-c", "3", "--epsilon", "0.4",
+            "--seed", "11", "-q")  # fmt: skip
+    full, killed = tmp_path / "full.jsonl", tmp_path / "killed.jsonl"
+    proc = await asyncio.create_subprocess_exec(
+        *CLI, *args, "-o", str(killed), stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        async with asyncio.timeout(120):
+            while not (_complete_lines(killed) >= 1 and await containers_of(proc.pid)):
+                assert proc.returncode is None, await proc.stderr.read()  # type: ignore[union-attr]
+                await asyncio.sleep(0.02)
+        proc.kill()  # no teardown runs: the next run's cleanup must find what it left
+        await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    before = _keys(killed)
+    assert 1 <= len(before) < 12
+    assert await containers_of(proc.pid)  # live when killed
+    cleaned = await asyncio.to_thread(cli, "cleanup")
+    assert cleaned.code == 0, cleaned.err
+    assert await containers_of(proc.pid) == []
+    res = await asyncio.to_thread(cli, *args, "-o", str(killed), "--resume")
+    assert res.code == 0, res.err
+    assert f"wrote {12 - len(before)} trajectories" in res.out
+    res = await asyncio.to_thread(cli, *args, "-o", str(full))
+    assert res.code == 0, res.err
+    expected = _runs(full)
+    assert len(expected) == 12 and len({a for a, _ in expected.values()}) > 3
+    assert _runs(killed) == expected
