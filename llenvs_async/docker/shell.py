@@ -37,8 +37,9 @@ from .shell_wire import LAUNCH, PROBE_LIMIT, ContinuationPrompt, ShellExited, Sh
 
 __all__ = ["ShellChannel", "ShellHost", "ShellKind", "ShellSession", "ShellSnapshot"]
 
-# bash -i without a terminal complains when a foreground child dies of a signal.
-_TTY_NOISE = re.compile(r"^bash: \[\d+: \d+ \(\d+\)\] tcsetattr: Inappropriate ioctl.*\n?", re.M)
+# bash -i without a terminal complains when a foreground child dies of a signal; after
+# output with no final newline (``yes | head -c 3``) the complaint starts mid-line.
+_TTY_NOISE = re.compile(r"bash: \[\d+: \d+ \(\d+\)\] tcsetattr: Inappropriate ioctl for device\n?")
 # bash -i announces each background job ("[1] 18") on the stderr the command has.
 _JOB_NOTICE = re.compile(r"^\[\d+\] \d+\n", re.M)
 _ERREXIT = re.compile(r"\bset\s+(-[a-zA-Z]*e|-o\s+errexit)")

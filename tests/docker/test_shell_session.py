@@ -70,6 +70,19 @@ async def test_ten_megabytes_of_output_are_capped_head_and_tail(any_shell: Shell
     assert (await any_shell.run("echo after")).output == "after\n"
 
 
+async def test_a_pipe_cut_by_head_adds_no_shell_chatter(
+    base_image: str, make_shell: ShellFactory
+) -> None:
+    # ``yes`` dies of SIGPIPE in the foreground; bash -i then complains about the terminal
+    # it does not have, right after output with no final newline.
+    shell = await make_shell(image=base_image)
+    for command, tail in (("yes | head -c 5", "y\ny\ny"), ("yes | head -c 200001", "y\ny\ny")):
+        result = await shell.run(command, timeout=30)
+        assert result.exit_code == 0
+        assert "tcsetattr" not in result.output and "bash:" not in result.output
+        assert result.output.endswith(tail)
+
+
 async def test_binary_output_is_decoded_with_replacement(any_shell: ShellSession) -> None:
     invalid = await any_shell.run("printf '\\377\\376abc\\000def'")
     assert invalid.exit_code == 0
