@@ -15,8 +15,10 @@ __all__ = ["CliError", "console", "err_console", "run_async"]
 
 T = TypeVar("T")
 
-console = Console()
-err_console = Console(stderr=True)
+# Lines are never wrapped by us (the terminal wraps them): a path or a command in a message
+# stays one piece to copy and to match, whatever its length. Tables still fit the width.
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
 
 class CliError(LlenvsError):

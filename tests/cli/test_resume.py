@@ -218,3 +218,12 @@ async def test_sigkill_mid_container_run_then_resume_equals_the_uninterrupted_ru
     expected = _runs(full)
     assert len(expected) == 12 and len({a for a, _ in expected.values()}) > 3
     assert _runs(killed) == expected
+
+
+def test_a_long_output_path_is_printed_in_one_piece(tmp_path: Path, cli: Invoke) -> None:
+    deep = tmp_path / ("a-rather-long-directory-name-" * 4)
+    deep.mkdir()
+    out = deep / "results-with-a-long-name.jsonl"
+    res = cli("run", "--env", "chain", "--limit", "1", "-o", str(out), "-q")
+    assert res.code == 0, res.err
+    assert f"wrote 1 trajectories to {out} (1 in the file)" in res.out
