@@ -1,0 +1,142 @@
+"""Kill ``llenvs-async run`` with SIGKILL at random points, resume it, compare with a run never killed.
+
+    .venv/bin/python scripts/kill-resume-audit.py --kills 10 --out benchmarks/results/kill_resume.md
+
+The run is the one issue 53 reported: a seeded epsilon oracle over three of the bundled container
+tasks (``-n 4 -c 3 --epsilon 0.4 --seed 11``). One uninterrupted run gives the reference and its
+wall time; each kill point is drawn uniformly over that time. After a kill, ``llenvs-async
+cleanup`` removes what the dead process left, ``--resume`` finishes the file, and every (task,
+rollout) must hold the reference's actions and reward; no container of the killed or the resuming
+process may be left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = (sys.executable, "-m", "llenvs_async.cli")
+ARGS = ("run", str(ROOT / "examples" / "tasks"), "--limit", "3", "-n", "4", "-c", "3",
+        "--epsilon", "0.4", "--seed", "11", "-q")  # fmt: skip
+
+
+def runs(path: Path) -> dict[tuple[Any, int], tuple[tuple[str, ...], float]]:
+    """Each (task, rollout)'s actions and return, the last record per key winning."""
+    from llenvs_async.cli._results import load_results, unique_by_key
+
+    return {
+        r.key: (tuple(a.text for a in r.trajectory.actions), r.trajectory.total_reward)
+        for r in unique_by_key(load_results(path))
+    }
+
+
+def lines(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+async def containers_of(pid: int) -> int:
+    import socket
+
+    from llenvs_async._ownership import OWNER_LABEL
+    from llenvs_async.docker.engine import DockerEngine
+
+    async with DockerEngine() as engine:
+        return len(await engine.list_containers({OWNER_LABEL: f"{socket.gethostname()}:{pid}"}))
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, check=False, timeout=600)
+
+
+def one_kill(work: Path, delay: float, reference: dict[Any, Any]) -> dict[str, Any]:
+    out = work / f"killed-{delay:.2f}.jsonl"
+    proc = subprocess.Popen([*CLI, *ARGS, "-o", str(out)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    time.sleep(delay)
+    killed = proc.poll() is None
+    proc.kill()
+    proc.wait()
+    saved = lines(out)
+    live = asyncio.run(containers_of(proc.pid))
+    cleaned = cli("cleanup")
+    left_after_cleanup = asyncio.run(containers_of(proc.pid))
+    resumed = cli(*ARGS, "-o", str(out), "--resume")
+    got = runs(out)
+    differing = sorted(k for k in reference if got.get(k) != reference[k])
+    return {
+        "delay_s": round(delay, 2),
+        "killed_mid_run": killed,
+        "saved_before_kill": saved,
+        "containers_at_kill": live,
+        "left_after_cleanup": left_after_cleanup + (cleaned.returncode != 0),
+        "resume_exit": resumed.returncode,
+        "keys": len(got),
+        "differing": len(differing),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--kills", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0, help="draws the kill points")
+    parser.add_argument("--out", type=Path, default=None, help="a Markdown table")
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        began = time.perf_counter()
+        done = cli(*ARGS, "-o", str(work / "reference.jsonl"))
+        wall = time.perf_counter() - began
+        if done.returncode != 0:
+            print(done.stderr, file=sys.stderr)
+            return 1
+        reference = runs(work / "reference.jsonl")
+        rows = []
+        for i in range(args.kills):
+            row = one_kill(work, rng.uniform(0.5, wall), reference)
+            rows.append(row)
+            print(i + 1, row, flush=True)
+    ok = all(r["differing"] == 0 and r["keys"] == len(reference) and r["resume_exit"] == 0
+             and r["left_after_cleanup"] == 0 for r in rows)  # fmt: skip
+    table = [
+        "| kill at (s) | killed mid-run | saved before | containers at kill | left after "
+        "cleanup | resume exit | keys | differing from the uninterrupted run |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        *(
+            f"| {r['delay_s']} | {r['killed_mid_run']} | {r['saved_before_kill']} | "
+            f"{r['containers_at_kill']} | {r['left_after_cleanup']} | {r['resume_exit']} | "
+            f"{r['keys']}/{len(reference)} | {r['differing']} |"
+            for r in rows
+        ),  # fmt: skip
+    ]
+    text = "\n".join(
+        [
+            "# SIGKILL and resume of a container run",
+            "",
+            f"`llenvs-async {' '.join(ARGS[:1])} examples/tasks {' '.join(ARGS[2:])}`, killed "
+            f"with SIGKILL at {len(rows)} points drawn uniformly over the uninterrupted run's "
+            f"{wall:.1f} s (seed {args.seed}), then `llenvs-async cleanup` and `--resume`. "
+            "Every (task, rollout) compared with the uninterrupted run (actions and return).",
+            "",
+            *table,
+            "",
+            f"Result: {'every resumed run equals the uninterrupted one' if ok else 'MISMATCH'}.",
+            "",
+        ]
+    )
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
