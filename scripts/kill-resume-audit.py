@@ -1,4 +1,4 @@
-"""Kill ``llenvs-async run`` with SIGKILL at random points, resume it, compare with a run never killed.
+"""SIGKILL ``llenvs-async run`` at random points, resume it, compare with a run never killed.
 
     .venv/bin/python scripts/kill-resume-audit.py --kills 10 --out benchmarks/results/kill_resume.md
 
@@ -115,7 +115,7 @@ def main() -> int:
             f"{r['containers_at_kill']} | {r['left_after_cleanup']} | {r['resume_exit']} | "
             f"{r['keys']}/{len(reference)} | {r['differing']} |"
             for r in rows
-        ),  # fmt: skip
+        ),
     ]
     text = "\n".join(
         [
