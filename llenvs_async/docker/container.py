@@ -125,6 +125,20 @@ class Container(AsyncResource):
             data: dict[str, Any] = await self._raw.show()
         return data
 
+    async def pids(self) -> tuple[int, int | None]:
+        """How many processes the container holds and its limit (``None``: none), from the
+        engine's stats: no process needs to start inside (one may not be able to)."""
+        self._check_open()
+        stats = await self.engine.request_json(
+            "GET",
+            f"containers/{self.id}/stats",
+            params={"stream": "false", "one-shot": "true"},
+            action=f"reading the stats of container {self.short_id}",
+        )
+        pids = stats.get("pids_stats") or {}
+        limit = pids.get("limit")
+        return int(pids.get("current", 0)), int(limit) if limit else None
+
     async def open_exec(
         self,
         argv: Sequence[str],

@@ -15,6 +15,8 @@ from typing import Any
 
 from ...docker.container import Container
 from ...docker.engine import DockerEngine
+from ...docker.runtime import RuntimeHost
+from ...errors import ContainerError, LlenvsError, VerifierError
 from .artifacts import Collected, collect_artifacts, run_collect_hooks, save_artifacts, transfer_tar
 from .config import VerifierConfig
 from .instance import DATASET_LABEL, HarborRuntime, Instance, _daemon_has_bridge, as_docker
@@ -27,6 +29,24 @@ from .verifier import VerifierResult
 __all__ = ["verify_instance"]
 
 _VERIFIER_TAIL_CHARS = 4000
+
+
+async def _process_limit_reached(container: RuntimeHost) -> str | None:
+    """Why the verifier could not run, when the agent's processes fill the container's
+    process limit (a fork bomb): the episode then scores 0, it is no infrastructure error.
+    ``None`` when the limit is not reached (or, in a gVisor sandbox, not measured)."""
+    if not isinstance(container, Container):
+        return None
+    try:
+        current, limit = await container.pids()
+    except LlenvsError:
+        return None
+    if limit is None or current < limit - max(2, limit // 50):  # the bomb's own churn
+        return None
+    return (
+        f"the verifier could not run: the agent's processes fill the container's process "
+        f"limit ({current} of {limit})"
+    )
 
 
 async def verify_instance(
@@ -81,17 +101,23 @@ async def verify_instance(
                 (task.tests_dir / "test.sh").read_text(encoding="utf-8"),
                 index_url=runtime.images.build.provision_index_url,
             )
-        result, log = await run_tests(
-            container,
-            task=task,
-            timeout_sec=cfg.timeout_sec,
-            env=cfg.env,
-            workdir=instance.workdir,
-            user=cfg.user,
-            tests=tests,
-            explain=lambda log: explain(log, instance.network),
-            offline=offline,
-        )
+        try:
+            result, log = await run_tests(
+                container,
+                task=task,
+                timeout_sec=cfg.timeout_sec,
+                env=cfg.env,
+                workdir=instance.workdir,
+                user=cfg.user,
+                tests=tests,
+                explain=lambda log: explain(log, instance.network),
+                offline=offline,
+            )
+        except (VerifierError, ContainerError):
+            if (full := await _process_limit_reached(container)) is None:
+                raise
+            result = VerifierResult(reward=0.0, rewards={"reward": 0.0}, source="process-limit")
+            log = full
         if runtime.artifacts_dir is not None:  # Harbor collects after verification
             collected = await collect()
     extra: dict[str, Any] = {}

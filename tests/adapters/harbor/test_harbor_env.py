@@ -137,6 +137,33 @@ async def test_container_limits_network_and_teardown(
         await env.reset(0)
 
 
+async def test_processes_that_fill_the_pids_limit_score_zero_with_the_reason(
+    adapter: HarborAdapter, docker_engine: DockerEngine
+) -> None:
+    """The agent's processes fill the container's pids limit (sleepers that stay, a fork
+    bomb whose churn does not leave a slot), so the verifier cannot even start: that is the
+    episode's outcome, a verified 0 that says why, not an error; the next episode's
+    container is unaffected."""
+    async with await adapter.get_environment(EXAMPLES) as env:
+        state = await env.reset("csv-totals")
+        # Sleepers left to PID 1 until a fork finds no free pid (bash retries it ~15 s).
+        fill = "for i in $(seq 2000); do (sleep 1000 &) || break; done"
+        flood = await env.step(state, Action(text=f"```bash\n{fill}\n```"))
+        assert "fork" in flood.next_state.observation.text
+        assert env.container is not None
+        current, limit = await env.container.pids()
+        assert limit is not None and current >= limit - 2, (current, limit)
+        ended = await env.step(flood.next_state, Action(text="SUBMIT"))
+        assert (ended.reward, ended.terminated) == (0.0, True)
+        assert ended.info["reward_source"] == "process-limit"
+        assert f"process limit ({current} of {limit})" in ended.info["verifier_output"]
+        task = env.dataset.tasks[env.dataset.index_of("csv-totals")]
+        fresh = await play(env, await env.reset("csv-totals"), *task.solution_commands())
+        solved = await env.step(fresh, Action(text="SUBMIT"))
+        assert solved.reward == 1.0 and solved.info["reward_source"] != "process-limit"
+    assert await harbor_containers(docker_engine) == []
+
+
 async def test_image_is_built_once_for_concurrent_resets(
     tmp_path: Path, docker_engine: DockerEngine
 ) -> None:
