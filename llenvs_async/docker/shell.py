@@ -42,8 +42,6 @@ __all__ = ["ShellChannel", "ShellHost", "ShellKind", "ShellSession", "ShellSnaps
 _TTY_NOISE = re.compile(r"bash: \[\d+: \d+ \(\d+\)\] tcsetattr: Inappropriate ioctl for device\n?")
 # bash -i announces each background job ("[1] 18") on the stderr the command has.
 _JOB_NOTICE = re.compile(r"^\[\d+\] \d+\n", re.M)
-# How long a staged command may take to show it was read before its sentinel is sent.
-_STAGE_S = 1.0
 _ERREXIT = re.compile(r"\bset\s+(-[a-zA-Z]*e|-o\s+errexit)")
 # A shell's report of a syntax error (bash, dash and ash wordings), not an echoed line.
 _SYNTAX_LINE = re.compile(r"^[^\s:]+: (?:line )?(?:\d+: )?syntax error", re.I)
@@ -257,13 +255,11 @@ class ShellSession(ShellWire, AsyncResource):
             group = f"{{\n{body}\n}}"
             p.ps2_limit = body.count("\n") + 3
         self._unsettled_since = started
-        line = f"{group} </dev/null >&{fd} 2>{stderr} {fd}>&-\n"
         try:
-            if self._staged:  # the command's line alone, then its sentinel line
-                await self._stage(p, (self._start_printf(seq) + line).encode(), _STAGE_S)
-                await self._write(self._sentinel_line(seq))
-            else:
-                await self._write(line.encode() + self._sentinel_line(seq))
+            await self._write(
+                f"{group} </dev/null >&{fd} 2>{stderr} {fd}>&-\n".encode()
+                + self._sentinel_line(seq)
+            )
             async with asyncio.timeout(seconds):
                 await self._pump(p)
         except TimeoutError:

@@ -118,9 +118,6 @@ class Pending:
     exited: bool = False
     sync: bool = False
     mark: int = 0
-    prompts: int = 0  # every PS2 prompt read for this command, beyond ``ps2_limit`` too
-    started: bool = False  # a staged command's start mark arrived (see ShellWire._stage)
-    shell_text: bool = False  # the shell printed a message of its own since the command
 
     @property
     def marked(self) -> bool:

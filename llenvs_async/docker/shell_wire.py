@@ -8,9 +8,7 @@ two channels until a sentinel and its end mark arrive; what a command's result m
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
-from collections.abc import Callable
 
 import aiohttp
 
@@ -135,32 +133,6 @@ class ShellWire:
         self._seq += 1
         return self._seq
 
-    @property
-    def _staged(self) -> bool:
-        """Busybox may run an applet (``head``, ``sort``) in a fork of the shell without an
-        exec, where it reads the shell's stdio buffer of input first: the next line must
-        not be in that buffer, so a command's sentinel line is sent once it has started."""
-        return self._parser.endswith("busybox sh")
-
-    def _start_printf(self, seq: int) -> str:
-        """Prints the start mark of ``seq`` on the data channel, ahead of the command's
-        output (its text is not in the line: see ``_mark_printf``), and leaves ``$?`` as
-        it was (see ``_sentinel_line``)."""
-        return (
-            f"__llenvs_rc=$?; \\command printf '{self._tag}s%d\\n' {seq} >&{self._fd}; "
-            '__llenvs_rc() { \\return "$1"; }; __llenvs_rc "$__llenvs_rc" && \\:; '
-        )
-
-    async def _stage(self, p: Pending, line: bytes, seconds: float) -> None:
-        """Send a command's lines and wait until the shell has read them: its start mark,
-        a prompt for more input, or a message of the shell's (a syntax error); if none
-        comes within ``seconds`` (the shell's channel held up), go on as if read."""
-        need = p.ps2_limit or 1  # prompts after the last line: the shell wants more
-        await self._write(line)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
-                await self._read(p, lambda: p.started or p.shell_text or p.prompts >= need)
-
     def _mark_printf(self, seq: int) -> str:
         """Prints the end mark of ``seq`` on the shell's own channel. The mark's text never
         appears in the line itself, so ``set -v`` echoes and ``set -x`` traces of it are
@@ -200,15 +172,14 @@ class ShellWire:
             if p.done:
                 self._prompt_seq = str(p.target).encode()
 
-    async def _read(self, p: Pending, until: Callable[[], bool] | None = None) -> None:
-        """Read the channels into ``p`` until it is complete (or ``until()`` holds)."""
+    async def _read(self, p: Pending) -> None:
         assert self._stream is not None
         loop = asyncio.get_running_loop()
         # Since when the sentinel is awaited after one prompt too many (the shell may wait
         # for more input), and until when an end mark is awaited after the sentinel.
         ps2_since: float | None = None
         mark_deadline: float | None = None
-        while not (p.complete if until is None else until()):
+        while not p.complete:
             if p.done and mark_deadline is None:
                 mark_deadline = loop.time() + _MARK_LIMIT_S
             if p.done:
@@ -232,14 +203,11 @@ class ShellWire:
                 for kind, payload in self._data.feed(message.data):
                     if kind == DATA:
                         p.out.feed(payload)
-                    elif payload[:1] == b"s" and payload[1:].isdigit():
-                        p.started = p.started or int(payload[1:]) == p.cmd_seq
                     else:
                         self._on_sentinel(p, payload.decode("ascii", "replace"))
                 continue
             for kind, payload in self._noise.feed(message.data):
                 if kind == DATA:
-                    p.shell_text = True
                     # Only once the line before the command has ended on this channel: what
                     # comes earlier is start-up text or an earlier command's late output.
                     if self._mark >= p.cmd_seq - 1 and (p.ps2 or p.one_line):
@@ -247,7 +215,6 @@ class ShellWire:
                 elif payload[:1] == b"e" and payload[1:].isdigit():
                     self._mark = p.mark = max(self._mark, int(payload[1:]))
                 elif payload == self._prompt_seq:
-                    p.prompts += 1
                     if p.ps2_limit is None or p.ps2 + 1 < p.ps2_limit:
                         p.ps2 += 1
                     elif ps2_since is None:

@@ -39,11 +39,6 @@ _PARSER: dict[Kind, str] = {
 _GROUP = re.compile(r"^\{ (.*); \} </dev/null >&\d+ 2>\S+ \d+>&-$")
 _PROBE = re.compile(r"^LC_ALL=C \S+(?: sh)? -n 2>&1 <<'(\S+)' \|\| \\:$")
 _MARK_PRINTF = re.compile(r"printf '(__llps2_[0-9a-f]+_)e%d__' (\d+) >&2")
-# A staged command's prefix (busybox): its start mark, printed once the line runs.
-_START = re.compile(
-    r"^__llenvs_rc=\$\?; \\command printf '(__llend_[0-9a-f]+_)s%d\\n' (\d+) >&\d+; "
-    r'__llenvs_rc\(\) \{ \\return "\$1"; \}; __llenvs_rc "\$__llenvs_rc" && \\:; (.*)$'
-)
 
 
 def run_body(kind: Kind, body: str) -> tuple[str, str, int] | int:
@@ -108,7 +103,6 @@ class FakeShell:
     _p: int = 0
     _rc: int = 0
     _block: list[str] | None = None
-    _start: str = ""  # the start mark the command being read prints when it runs
     _sent: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -124,8 +118,6 @@ class FakeShell:
 
     def _line(self, line: str) -> None:
         self._sent.append(line)
-        if start := _START.match(line):
-            self._start, line = f"{start.group(1)}s{start.group(2)}\n", start.group(3)
         if self._block is not None:  # inside a ``{`` block: each line read after a PS2
             self.wire.emit(2, f"{self._marker}{self._p}__".encode())
             if line.startswith("} </dev/null"):
@@ -156,17 +148,11 @@ class FakeShell:
     def _run(self, body: str) -> None:
         first, *rest = body.split("\n")
         if (probe := _PROBE.match(first)) and rest[-1:] == [probe.group(1)]:
-            start, self._start = self._start, ""
-            if start:
-                self.wire.emit(1, start.encode())
             self.probes += 1
             self.wire.emit(1, (_PARSER[self.kind] if "echo )" in rest else "").encode())
             self._rc = 0  # ``|| \:``
             return
         outcome = run_body(self.kind, body)
-        start, self._start = self._start, ""
-        if start and not (isinstance(outcome, tuple) and outcome[1] == _SYNTAX[self.kind]):
-            self.wire.emit(1, start.encode())  # a syntax error stops the whole line
         if isinstance(outcome, int):
             self.status = outcome
             self.wire.end()

@@ -24,6 +24,11 @@ from .test_trl_harbor import task_containers
 pytestmark = [pytest.mark.trainers, pytest.mark.docker, pytest.mark.vllm]
 
 
+def _brevity(completions: list[Any], **_: Any) -> list[float]:
+    """A TRL reward: minus a thousandth of each completion's length in characters."""
+    return [-len(str(c)) / 1000 for c in completions]
+
+
 @pytest.mark.timeout(600)
 def test_grpo_trains_the_real_model_on_its_own_container_rollouts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, docker_images: None
@@ -79,7 +84,9 @@ def test_grpo_trains_the_real_model_on_its_own_container_rollouts(
 
         trainer = trl.GRPOTrainer(
             model=model,
-            reward_funcs=environment_reward,
+            # A small brevity term keeps every group's rewards apart: at 48 tokens the
+            # model often fails all 4 renames, and a constant group moves nothing.
+            reward_funcs=[environment_reward, _brevity],
             args=config,
             train_dataset=dataset,
             processing_class=tokenizer,
