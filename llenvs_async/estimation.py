@@ -323,6 +323,12 @@ def _prepare(
     return lo, hi
 
 
+def _ids(first: int, count: int) -> list[int]:
+    if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+        raise ValueError(f"first_rollout_id must be an int >= 0, got {first!r}")
+    return list(range(first, first + count))
+
+
 def _raise_on_failures(trajectories: Sequence[Trajectory], failures: Failures) -> None:
     bad = [t for t in trajectories if t.error is not None]
     if failures != "raise" or not bad:
@@ -366,14 +372,21 @@ async def estimate_values(
     *,
     reward_range: tuple[float, float] | None = None,
     failures: Failures = "exclude",
+    first_rollout_id: int = 0,
 ) -> list[ValueEstimate]:
-    """V(s) for each state: ``num_rollouts`` policy rollouts from it, in one batched run."""
+    """V(s) for each state: ``num_rollouts`` policy rollouts from it, in one batched run.
+
+    The rollouts are numbered from ``first_rollout_id`` and their seeds follow the number
+    (``run_batch``'s ``rollout_ids``): a call repeated with the same numbers repeats its
+    draws, so to add independent samples, number them on."""
     lo_hi = _prepare(runner, num_rollouts, gamma, reward_range, failures)
     states = list(states)
     if not states:
         raise ValueError("states is empty: nothing to estimate")
     expanded = [s for s in states for _ in range(num_rollouts)]
-    trajs = await runner.run_batch_from_states(expanded, batch_size=batch_size)
+    trajs = await runner.run_batch_from_states(
+        expanded, batch_size=batch_size, rollout_ids=_ids(first_rollout_id, len(expanded))
+    )
     _raise_on_failures(trajs, failures)
     return [
         _summarize(trajs[i * num_rollouts : (i + 1) * num_rollouts], gamma, lo_hi, failures, s,
@@ -392,16 +405,19 @@ async def estimate_q_values(
     *,
     reward_range: tuple[float, float] | None = None,
     failures: Failures = "exclude",
+    first_rollout_id: int = 0,
 ) -> list[ValueEstimate]:
-    """Q(s, a) for each candidate action: rollouts whose first action is forced to ``a``."""
+    """Q(s, a) for each candidate action: rollouts whose first action is forced to ``a``;
+    ``first_rollout_id`` as in ``estimate_values``."""
     lo_hi = _prepare(runner, num_rollouts, gamma, reward_range, failures)
     forced = [a if isinstance(a, Action) else Action(text=a) for a in actions]
     if not forced:
         raise ValueError("actions is empty: nothing to estimate")
     expanded = [a for a in forced for _ in range(num_rollouts)]
     trajs = await runner.run_batch_from_state_actions(
-        [state] * len(expanded), expanded, batch_size=batch_size
-    )
+        [state] * len(expanded), expanded, batch_size=batch_size,
+        rollout_ids=_ids(first_rollout_id, len(expanded)),
+    )  # fmt: skip
     _raise_on_failures(trajs, failures)
     return [
         _summarize(trajs[i * num_rollouts : (i + 1) * num_rollouts], gamma, lo_hi, failures,

@@ -12,6 +12,7 @@ from llenvs_async import (
     EstimationError,
     GenerationRequest,
     RolloutsFailedError,
+    SamplingParams,
     ScriptedBackend,
     State,
     TrajectoryRunner,
@@ -209,3 +210,25 @@ async def test_an_estimate_keeps_the_rollouts_it_was_computed_from() -> None:
     assert submit == summarize_returns(submit.returns, reward_range=(0.0, 1.0), state=s,
                                        action=Action(text="submit"))  # fmt: skip
     assert "trajectories" not in repr(submit)
+
+
+async def test_numbering_the_rollouts_on_draws_fresh_samples_and_repeating_repeats() -> None:
+    """Seeds follow the rollout number: the same numbers repeat a call's draws exactly
+    (reproducible), numbers further on give independent ones; Q estimates alike."""
+
+    def policy(request: GenerationRequest) -> str:
+        return random.Random(request.seed).choice(["left", "right"])
+
+    env = ChainEnv(num_tasks=1, max_steps=4)
+    state = await env.reset(0)
+    runner = TrajectoryRunner(env, ScriptedBackend(policy), SamplingParams(seed=3))
+    first = await estimate_values(runner, [state], 32)
+    again = await estimate_values(runner, [state], 32)
+    fresh = await estimate_values(runner, [state], 32, first_rollout_id=32)
+    assert first[0].returns == again[0].returns
+    assert first[0].returns != fresh[0].returns
+    q = await estimate_q_values(runner, state, ["right"], 32)
+    q_fresh = await estimate_q_values(runner, state, ["right"], 32, first_rollout_id=32)
+    assert q[0].returns != q_fresh[0].returns
+    with pytest.raises(ValueError, match="first_rollout_id must be an int >= 0, got -1"):
+        await estimate_values(runner, [state], 4, first_rollout_id=-1)
