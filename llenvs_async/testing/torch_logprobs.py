@@ -16,10 +16,11 @@ __all__ = ["completion_logprobs", "max_logprob_gap"]
 
 
 def completion_logprobs(
-    model: Any, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]
+    model: Any, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], temperature: float = 1.0
 ) -> list[Any]:
     """A 1-D tensor per ``(prompt_ids, completion_ids)`` pair: token i's logprob given the
-    prompt and completion tokens before it. ``model`` is a causal LM (``model(input_ids,
+    prompt and completion tokens before it, with the logits divided by ``temperature`` (the
+    distribution an engine samples at it). ``model`` is a causal LM (``model(input_ids,
     attention_mask=...).logits``), e.g. ``transformers.LlamaForCausalLM``."""
     import torch
 
@@ -39,7 +40,7 @@ def completion_logprobs(
     for row, seq in enumerate(sequences):
         ids[row, : len(seq)] = torch.tensor(seq, device=device)
         mask[row, : len(seq)] = 1
-    logits = model(input_ids=ids, attention_mask=mask).logits.float()
+    logits = model(input_ids=ids, attention_mask=mask).logits.float() / temperature
     out: list[Any] = []
     for row, (prompt, completion) in enumerate(pairs):
         start = len(prompt) - 1  # the logits at position t predict token t + 1
