@@ -68,6 +68,7 @@ from llenvs_async import SamplingParams, State, Trajectory, TrajectoryRunner
 from llenvs_async.adapters.harbor import HarborAdapter, SnapshotRestore
 from llenvs_async.docker.engine import DockerEngine
 from llenvs_async.estimation import estimate_values
+from llenvs_async.models import KNOWN_MODELS
 from llenvs_async.types import ChatMessage, Transition
 
 
@@ -413,11 +414,19 @@ def live_states(batch: Sequence[Trajectory]) -> dict[tuple[Any, int, str], State
 
 
 async def vine_advantages(
-    runner: TrajectoryRunner, batch: Sequence[Trajectory], rollouts: int
+    runner: TrajectoryRunner,
+    batch: Sequence[Trajectory],
+    rollouts: int,
+    first_id: int = 0,
+    batch_size: int | None = None,
 ) -> tuple[list[tuple[Transition, float]], int]:
-    """Per-step Monte Carlo advantages; returns the samples and the value rollouts spent."""
+    """Per-step Monte Carlo advantages; returns the samples and the value rollouts spent.
+    The value rollouts are numbered from ``first_id`` (their seeds follow the number), at
+    most ``batch_size`` at once (default: all)."""
     live = live_states(batch)
-    estimates = await estimate_values(runner, list(live.values()), num_rollouts=rollouts)
+    estimates = await estimate_values(
+        runner, list(live.values()), rollouts, batch_size, first_rollout_id=first_id
+    )
     value = {k: e.mean for k, e in zip(live, estimates, strict=True)}
     return vine_samples(batch, value), len(live) * rollouts
 
@@ -673,11 +682,11 @@ async def run_all(
     return results
 
 
-async def main(argv: Sequence[str] | None = None) -> list[RunResult]:
+async def main(argv: Sequence[str] | None = None) -> list[Any]:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--estimator", choices=("grpo", "vine", "both"), default="grpo")
     parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, nargs="+", default=[0], help="one run per seed")
     parser.add_argument("--lr", type=float, default=None, help="RL learning rate")
     parser.add_argument(
         "--lr-floor", type=float, default=None,
@@ -692,7 +701,24 @@ async def main(argv: Sequence[str] | None = None) -> list[RunResult]:
         help="share of warm-up labels sent to a listing with the command's file (0: format only)",
     )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="the test suite's short run")
+    parser.add_argument(
+        "--model", choices=("tiny", *KNOWN_MODELS), default="tiny",
+        help="tiny: the relay tasks (this file); a known model: the easy tasks (_real_model_rl)",
+    )  # fmt: skip
+    parser.add_argument("--device", default="cpu", help="the trainer's torch device (real model)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="write the runs as JSON (real model)"
+    )
     args = parser.parse_args(argv)
+    real_only = {"--device": args.device != "cpu", "--out": args.out is not None}
+    tiny_only = {"--lr-floor": args.lr_floor is not None,
+                 "--warmup-reads-listing": args.warmup_reads_listing is not None}  # fmt: skip
+    if args.model != "tiny":
+        if given := [flag for flag, set_ in tiny_only.items() if set_]:
+            parser.error(f"{', '.join(given)}: the tiny model's run only (no warm-up, no decay)")
+        return await _real_model(args)
+    if given := [flag for flag, set_ in real_only.items() if set_]:
+        parser.error(f"{', '.join(given)}: with --model <a known model> only")
     cfg = Config.quick() if args.quick else Config()
     if args.steps is not None:
         cfg.steps = args.steps
@@ -711,7 +737,7 @@ async def main(argv: Sequence[str] | None = None) -> list[RunResult]:
     if args.warmup_reads_listing is not None:
         cfg.warmup_reads_listing = args.warmup_reads_listing
     estimators = ("grpo", "vine") if args.estimator == "both" else (args.estimator,)
-    results = await run_all(estimators, [args.seed], cfg)
+    results = await run_all(estimators, args.seed, cfg)
     async with DockerEngine() as engine:
         left = await engine.own_containers()
     print(f"containers left: {len(left)}")
@@ -720,6 +746,26 @@ async def main(argv: Sequence[str] | None = None) -> list[RunResult]:
             f"held-out success ({r.estimator}): {r.before:.2f} -> {r.after:.2f} "
             f"(exact {r.exact[0]:.2f} -> {r.exact[-1]:.2f})"
         )
+    return results
+
+
+async def _real_model(args: argparse.Namespace) -> list[Any]:
+    """The real model's run (``_real_model_rl``), with this file's flags where they apply."""
+    import _real_model_rl as real
+
+    cfg = real.Config.quick() if args.quick else real.Config()
+    cfg.model, cfg.device = args.model, args.device
+    for name in ("steps", "lr", "group_size", "groups_per_step", "value_rollouts", "eval_per_task"):
+        if getattr(args, name) is not None:
+            setattr(cfg, name, getattr(args, name))
+    estimators = ("grpo", "vine") if args.estimator == "both" else (args.estimator,)
+    results = await real.run_all(estimators, args.seed, cfg, args.out)
+    async with DockerEngine() as engine:
+        left = await engine.own_containers()
+    print(f"containers left: {len(left)}")
+    for r in results:
+        print(f"held-out success ({r.estimator}, seed {r.seed}): {r.before:.2f} -> {r.after:.2f}; "
+              f"by kind {r.kinds_before} -> {r.kinds_after}")  # fmt: skip
     return results
 
 

@@ -90,6 +90,16 @@ def tiny_model(vllm_ready: str) -> Path:
 
 
 @pytest.fixture(scope="session")
+def real_model(vllm_ready: str) -> Path:
+    """The converted real model (fetched once per machine; ``make real-model``)."""
+    if importlib.util.find_spec("gguf") is None:
+        pytest.skip("the gguf package is missing: run 'make real-model'")
+    from llenvs_async.models import fetch_model
+
+    return fetch_model("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
 def hf_tokenizer(tiny_model: Path) -> Any:
     """The model's own tokenizer (transformers), to check prompt ids independently."""
     from transformers import AutoTokenizer

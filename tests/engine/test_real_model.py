@@ -5,7 +5,6 @@ and ChatML template. ``make real-model`` fetches it; the tiny model stays for th
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,9 +14,10 @@ import pytest
 import pytest_asyncio
 
 from llenvs_async import GenerationRequest, SamplingParams, TrajectoryRunner
-from llenvs_async.adapters.harbor import HarborAdapter
+from llenvs_async.adapters.harbor import HarborAdapter, harbor_restore
 from llenvs_async.backends.vllm import VLLMBackend
 from llenvs_async.env import Environment
+from llenvs_async.estimation import estimate_values, summarize_returns
 from llenvs_async.protocols.text import BLOCK_END
 from llenvs_async.types import Trajectory
 
@@ -30,16 +30,6 @@ from .test_token_mode import check_token_exact
 on_session_loop = pytest.mark.asyncio(loop_scope="session")
 
 WINDOW = 4096
-
-
-@pytest.fixture(scope="session")
-def real_model(vllm_ready: str) -> Path:
-    """The converted model (fetched once per machine; ``make real-model``)."""
-    if importlib.util.find_spec("gguf") is None:
-        pytest.skip("the gguf package is missing: run 'make real-model'")
-    from llenvs_async.models import fetch_model
-
-    return fetch_model("smollm2-135m-instruct")
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -155,3 +145,60 @@ async def test_the_real_model_acts_in_containers(
     assert all(t.info["finish_reason"] == "stop" for t in stopped)
     # At most one block reaches the parser from a reply the stop string ended.
     assert all(t.action.text.count("```") <= 2 for t in stopped)
+
+
+@on_session_loop
+@pytest.mark.docker
+@pytest.mark.usefixtures("docker_ready")
+async def test_value_estimates_at_the_real_models_states_are_calibrated(
+    real_backend: VLLMBackend, tmp_path: Path
+) -> None:
+    """V at the start of a rename task the model solves only sometimes: four independent
+    estimates of 8 rollouts (numbered apart, so their seeds differ) and the pooled 32. Every
+    interval is Wilson's, inside [0, 1]; at least three of the four cover the pooled mean (a
+    calibrated 95% interval rarely misses twice in four, a too-narrow one often); pooling
+    narrows the interval. Then V after the model's own first command, each
+    rollout restored there by replaying it in a fresh container."""
+    easy = load_example("easy_tasks.py")
+    tasks = tmp_path / "tasks"
+    easy.write_task(tasks, easy.KINDS[5], "delta")  # rename
+    adapter = HarborAdapter()
+
+    async def factory() -> Environment:
+        return await adapter.get_environment(tasks, max_steps=3, command_timeout_sec=20)
+
+    params = SamplingParams(max_tokens=96, temperature=0.7, seed=11)
+    async with adapter, await factory() as env:
+        runner = TrajectoryRunner(
+            env, real_backend, params, env_factory=factory, restore_fn=harbor_restore
+        )
+        try:
+            start = await env.reset(0)
+            parts = [
+                (await estimate_values(runner, [start], 8, 8, first_rollout_id=8 * k))[0]
+                for k in range(4)
+            ]
+            returns = [r for p in parts for r in p.returns]
+            pooled = summarize_returns(returns, reward_range=(0.0, 1.0))
+            assert [p.n + p.failed for p in parts] == [8] * 4 and sum(p.failed for p in parts) == 0
+            assert all(p.method == "wilson" and 0.0 <= p.ci_low <= p.ci_high <= 1.0 for p in parts)
+            assert 0.0 < pooled.mean < 1.0, returns  # sometimes: coverage is not trivial
+            assert sum(p.ci_low <= pooled.mean <= p.ci_high for p in parts) >= 3, parts
+            assert pooled.ci_high - pooled.ci_low < min(p.ci_high - p.ci_low for p in parts)
+            after = next(
+                (
+                    t.transitions[0].next_state
+                    for p in parts
+                    for t in p.trajectories
+                    if t.transitions and not t.transitions[0].next_state.done
+                ),
+                None,
+            )
+            assert after is not None, "every one of 32 episodes ended at its first step"
+            (value,) = await estimate_values(runner, [after], 8, 8)
+            assert (
+                value.n == 8 and value.failed == 0 and 0.0 <= value.ci_low <= value.ci_high <= 1.0
+            )
+            assert all(t.initial_state.step == 1 for t in value.trajectories)
+        finally:
+            await runner.aclose()
