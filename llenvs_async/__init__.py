@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 from .backends.base import Backend, TrainableBackend
 from .backends.scripted import ScriptedBackend
-from .env import BaseEnvironment, EnvFactory, Environment, RestoreFn, replay_restore
+from .env import (
+    AgentEnvironment,
+    BaseEnvironment,
+    EnvFactory,
+    Environment,
+    RestoreFn,
+    replay_restore,
+)
 from .errors import (
     BackendError,
     BackendTimeoutError,
@@ -56,6 +63,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Action",
+    "AgentEnvironment",
     "AgentProtocol",
     "Backend",
     "BackendError",

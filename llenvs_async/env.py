@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from ._resource import AsyncResource
 from .errors import ClosedError, EnvError, RestoreError, StaleStateError
-from .types import Action, State, StepResult
+from .types import Action, ChatMessage, State, StepResult
 
 __all__ = [
+    "AgentEnvironment",
+    "AgentSurface",
     "BaseEnvironment",
     "EnvFactory",
     "Environment",
@@ -49,6 +52,66 @@ class Environment(Protocol):
     ) -> None: ...
 
 
+@runtime_checkable
+class AgentEnvironment(Environment, Protocol):
+    """What an agent environment offers the runner besides stepping: the tools and system
+    prompt (with example turns) it sends the model, where a reply stops, how a stop the runner
+    makes is verified, the range of a rollout's return, and where the instance runs.
+
+    ``BaseEnvironment`` declares all of it (offering nothing by default), so a subclass sets
+    only what it offers. The runner, the forks and the Ray proxy read it through this type.
+    """
+
+    @property
+    def tools(self) -> Sequence[Mapping[str, Any]]: ...
+
+    @property
+    def system_prompt(self) -> str | None: ...
+
+    @property
+    def example_turns(self) -> Sequence[ChatMessage]: ...
+
+    @property
+    def stop_sequences(self) -> Sequence[str]: ...
+
+    @property
+    def reward_range(self) -> tuple[float, float] | None: ...
+
+    @property
+    def node_id(self) -> str | None: ...
+
+    async def verify_stop(
+        self, state: State, reason: str
+    ) -> tuple[float, Mapping[str, Any]] | None: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgentSurface:
+    """What an environment offers the runner for every instance alike (its
+    ``AgentEnvironment`` members but verification and placement), as one value: what the runner
+    reads once and what crosses to a remote proxy."""
+
+    tools: tuple[Mapping[str, Any], ...] = ()
+    system_prompt: str | None = None
+    example_turns: tuple[ChatMessage, ...] = ()
+    stop_sequences: tuple[str, ...] = ()
+    reward_range: tuple[float, float] | None = None
+
+    @classmethod
+    def of(cls, env: Environment) -> AgentSurface:
+        """``env``'s offer; an environment that is not an ``AgentEnvironment`` offers none."""
+        if not isinstance(env, AgentEnvironment):
+            return cls()
+        span = env.reward_range
+        return cls(
+            tools=tuple(env.tools),
+            system_prompt=env.system_prompt,
+            example_turns=tuple(env.example_turns),
+            stop_sequences=tuple(env.stop_sequences),
+            reward_range=None if span is None else (float(span[0]), float(span[1])),
+        )
+
+
 EnvFactory = Callable[[], Awaitable[Environment]]
 RestoreFn = Callable[[Environment, State], Awaitable[State]]
 
@@ -62,7 +125,8 @@ class BaseEnvironment(AsyncResource):
     """Lifecycle shared by environments: async context manager, idempotent close,
     use-after-close guard and, for non-pure environments, the stale-state guard.
 
-    Subclasses implement ``_reset`` and ``_step`` (and optionally ``_aclose``).
+    Subclasses implement ``_reset`` and ``_step`` (and optionally ``_aclose``), and override
+    the ``AgentEnvironment`` members they offer (by default none).
     """
 
     pure_step: bool = True
@@ -80,6 +144,43 @@ class BaseEnvironment(AsyncResource):
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def tools(self) -> Sequence[Mapping[str, Any]]:
+        """Tool schemas the runner offers the model (none)."""
+        return ()
+
+    @property
+    def system_prompt(self) -> str | None:
+        """The system prompt the runner sends (none)."""
+        return None
+
+    @property
+    def example_turns(self) -> Sequence[ChatMessage]:
+        """Example turns sent after the system prompt (none)."""
+        return ()
+
+    @property
+    def stop_sequences(self) -> Sequence[str]:
+        """Where a reply ends (the runner adds them to every request; none)."""
+        return ()
+
+    @property
+    def reward_range(self) -> tuple[float, float] | None:
+        """The range of one rollout's return, as Gymnasium's (None: undeclared)."""
+        return None
+
+    @property
+    def node_id(self) -> str | None:
+        """Where the instance runs when that is another machine (None: here)."""
+        return None
+
+    async def verify_stop(
+        self, state: State, reason: str
+    ) -> tuple[float, Mapping[str, Any]] | None:
+        """``(reward, info)`` for an episode the runner stopped at ``state`` (``reason``: the
+        context window, its ``max_steps``); None: such stops are not verified."""
+        return None
 
     @property
     def current_state(self) -> State | None:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any, Literal, get_args
 
+from .env import AgentSurface
 from .errors import EstimationError, RolloutsFailedError
 from .runner import TrajectoryRunner
 from .types import Action, State, Trajectory
@@ -284,7 +285,7 @@ def _resolve_range(
 ) -> tuple[float, float]:
     if reward_range is not None:
         return _check_range(reward_range, "reward_range")
-    declared = getattr(runner.environment, "reward_range", None)
+    declared = AgentSurface.of(runner.environment).reward_range
     name = type(runner.environment).__name__
     if declared is None:
         raise EstimationError(

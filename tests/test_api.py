@@ -41,6 +41,8 @@ REQUIRED = {
     "AgentProtocol",
     "TextProtocol",
     "ToolsProtocol",
+    # decided 2026-12-07: the agent-environment contract, declared
+    "AgentEnvironment",
 }
 
 

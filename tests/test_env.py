@@ -1,12 +1,17 @@
 from __future__ import annotations
 
+import ast
 import asyncio
+from pathlib import Path
 
 import pytest
 
+import llenvs_async
 from llenvs_async import Action, ClosedError, RestoreError, StaleStateError, replay_restore
+from llenvs_async.env import AgentEnvironment, AgentSurface, Environment
 from llenvs_async.envs import ArithmeticEnv, ChainEnv, CounterEnv
 from llenvs_async.errors import EnvError
+from llenvs_async.types import State, StepResult
 
 
 async def test_non_pure_env_refuses_stale_state() -> None:
@@ -113,3 +118,81 @@ async def test_concurrent_steps_on_a_non_pure_env_are_refused() -> None:
     # the environment is usable afterwards, from its (one) current state
     nxt = await env.step(ok[0].next_state, Action(text="inc"))
     assert nxt.next_state.observation.text == "Counter is 2."
+
+
+# -- the agent-environment contract, declared --------------------------------------------
+
+CONTRACT = {"tools", "system_prompt", "example_turns", "stop_sequences", "reward_range",
+            "node_id", "verify_stop", "container_runtime"}  # fmt: skip
+# Where the contract is read: by type, never probed.
+READERS = ("runner", "distributed", "docker/fork.py", "sandbox/fork.py", "estimation.py")
+
+
+class _DuckEnv:
+    """An ``Environment`` by shape only (not a ``BaseEnvironment``)."""
+
+    pure_step, max_steps = True, None
+    system_prompt = "ignored: the rest of the contract is missing"
+
+    async def reset(self, task: int | str | None = None, *, seed: int | None = None) -> State:
+        raise NotImplementedError
+
+    async def step(self, state: State, action: Action) -> StepResult:
+        raise NotImplementedError
+
+    async def aclose(self) -> None: ...
+
+    async def __aenter__(self) -> _DuckEnv:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None: ...
+
+
+def _probes(source: str) -> list[str]:
+    """``getattr(x, "<member>")`` calls naming a member of the contract."""
+    return [
+        node.args[1].value
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        and node.func.id in {"getattr", "hasattr"} and len(node.args) >= 2
+        and isinstance(node.args[1], ast.Constant) and node.args[1].value in CONTRACT
+    ]  # fmt: skip
+
+
+async def test_a_base_environment_declares_the_contract_and_offers_nothing_by_default() -> None:
+    env = ArithmeticEnv()
+    assert isinstance(env, AgentEnvironment)
+    assert (env.tools, env.system_prompt, env.example_turns, env.stop_sequences) == (
+        (),
+        None,
+        (),
+        (),
+    )
+    assert env.node_id is None and env.reward_range == (0.0, 1.0)
+    async with CounterEnv() as counter:
+        state = await counter.reset(1)
+        assert await counter.verify_stop(state, "max_steps") is None
+    assert AgentSurface.of(env) == AgentSurface(reward_range=(0.0, 1.0))
+
+
+def test_an_environment_by_shape_only_offers_nothing() -> None:
+    duck = _DuckEnv()
+    assert isinstance(duck, Environment) and not isinstance(duck, AgentEnvironment)
+    assert AgentSurface.of(duck) == AgentSurface()
+
+
+def test_nothing_probes_an_environment_for_the_contract() -> None:
+    package = Path(llenvs_async.__file__).parent
+    found = {
+        f"{path.relative_to(package)}: {name}"
+        for reader in READERS
+        for path in (
+            [package / reader] if reader.endswith(".py") else (package / reader).rglob("*.py")
+        )
+        for name in _probes(path.read_text())
+    }
+    assert found == set()
+    assert _probes('v = getattr(env, "reward_range", None)\nhasattr(e, "tools")') == [
+        "reward_range",
+        "tools",
+    ]  # the scan itself sees a probe

@@ -1,11 +1,13 @@
-"""Layering: ``docker/`` is the host layer and ``sandbox/`` (gVisor) builds on it, never the
-reverse. Every import statement under ``llenvs_async/docker`` is checked (absolute or
-relative, top-level or function-local, under ``TYPE_CHECKING`` too). Runtimes are named
-in the docker layer's registry: ``"gvisor"`` resolves without importing sandbox first."""
+"""Layering: the package arrows the house allows, no package importing another package's
+private module, and ``sandbox/`` (gVisor) built on ``docker/``, never the reverse. Every
+import statement is checked (absolute or relative, top-level or function-local, under
+``TYPE_CHECKING`` too). Runtimes are named in the docker layer's registry: ``"gvisor"``
+resolves without importing sandbox first."""
 
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -56,6 +58,93 @@ def _violations(root: Path) -> list[str]:
         if module == FORBIDDEN or module.startswith(f"{FORBIDDEN}.")
     }
     return sorted(found)
+
+
+# Which packages each package (or top-level module) may import. ``host`` (what every host
+# shares) sits under both runtimes; ``integrations`` are leaves that only the CLI, the
+# outermost layer, reaches (``serve``).
+ALLOWED: dict[str, frozenset[str]] = {
+    "host": frozenset(),
+    "protocols": frozenset(),
+    "backends": frozenset(),
+    "serialization": frozenset(),
+    "envs": frozenset(),
+    "distributed": frozenset(),
+    "runner": frozenset({"backends"}),
+    "testing": frozenset({"backends"}),
+    "docker": frozenset({"host", "protocols"}),
+    "sandbox": frozenset({"host", "docker"}),
+    "adapters": frozenset({"host", "docker", "sandbox", "protocols"}),
+    "viewer": frozenset({"serialization"}),
+    "integrations": frozenset({"adapters", "serialization", "runner", "backends", "docker"}),
+    "estimation": frozenset({"runner"}),
+    "__init__": frozenset({"backends", "protocols", "runner"}),
+}
+PACKAGES = frozenset(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists())
+
+
+def _owner(module: str, root: Path) -> str:
+    """The package a module is or belongs to (a module file's parent package)."""
+    parts = module.split(".")
+    return module if (root.joinpath(*parts) / "__init__.py").exists() else ".".join(parts[:-1])
+
+
+def _arrows(root: Path = PACKAGE.parent) -> list[str]:
+    """Imports of a package that the importer's entry in ``ALLOWED`` does not list, and of
+    another package's private module or name."""
+    found: set[str] = set()
+    top = root / "llenvs_async"
+    packages = frozenset(p.name for p in top.iterdir() if (p / "__init__.py").exists())
+    for path in sorted(top.rglob("*.py")):
+        name = _module_name(path, root)
+        source = name.split(".")[1] if name.count(".") else "__init__"
+        if source == "cli":
+            continue  # the application: it may use every package
+        home = _owner(name, root)
+        for line, module in _imported(path, root):
+            parts = module.split(".")
+            if parts[0] != "llenvs_async" or len(parts) < 2:
+                continue
+            where = f"{path.relative_to(root)}:{line} imports {module}"
+            target = parts[1]
+            if target in packages and target != source and target not in ALLOWED.get(source, ()):
+                found.add(f"{where} ({source} -> {target} is not an allowed arrow)")
+            private = next((i for i, p in enumerate(parts) if p.startswith("_") and i), None)
+            owner = None if private is None else _owner(".".join(parts[:private]), root)
+            if owner is not None and not private_ok(home, owner):
+                found.add(f"{where} (a private module or name of another package)")
+    return sorted(found)
+
+
+def private_ok(importer_package: str, owner_package: str) -> bool:
+    """A private module or name may be used inside its own package and the packages below it."""
+    return importer_package == owner_package or importer_package.startswith(owner_package + ".")
+
+
+def test_every_import_follows_the_allowed_arrows() -> None:
+    assert set(ALLOWED) - {"estimation", "__init__"} <= PACKAGES
+    assert _arrows() == []
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "why"),
+    [
+        ("runner/_x.py", "from ..docker import Container\n", "runner -> docker"),
+        ("host/_x.py", "def f():\n    from ..protocols import get_protocol\n", "host -> protocols"),
+        ("viewer/_x.py", "from ..serialization._values import X\n", "private module"),
+        ("runner/_x.py", "from ..integrations.trl import rollout_func\n", "runner -> integrations"),
+        ("sandbox/_x.py", "from llenvs_async.docker.engine import _client\n", "private module"),
+    ],
+)
+def test_the_arrow_check_fails_on_a_forbidden_import(
+    tmp_path: Path, module: str, source: str, why: str
+) -> None:
+    """A copy of the package with one forbidden import added fails the check, naming it."""
+    shutil.copytree(PACKAGE, tmp_path / "llenvs_async", ignore=shutil.ignore_patterns("*.pyc"))
+    (tmp_path / "llenvs_async" / module).write_text(source)
+    found = _arrows(tmp_path)
+    assert found, "the forbidden import was not caught"
+    assert all(f.startswith(f"llenvs_async/{module}:") and why in f for f in found), found
 
 
 def test_docker_never_imports_sandbox() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ._vllm_orphans import reap_orphan_engines
 from .base import Backend, TokenizerBackend, TrainableBackend
 from .scripted import ScriptedBackend
 
@@ -18,6 +19,7 @@ __all__ = [
     "TokenizerBackend",
     "TrainableBackend",
     "VLLMBackend",
+    "reap_orphan_engines",
 ]
 
 

@@ -11,13 +11,13 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .._chat import message_dict
 from ..types import ChatMessage, Completion, GenerationRequest, SamplingParams
 
 __all__ = [
     "MalformedResponse",
     "chat_payload",
     "completions_payload",
-    "message_dict",
     "parse_chat_response",
     "parse_completions_response",
     "render_plain_prompt",
@@ -59,24 +59,6 @@ def _sampling_fields(params: SamplingParams, seed: int | None) -> dict[str, Any]
     if seed is not None:
         fields["seed"] = seed
     return fields
-
-
-def message_dict(message: ChatMessage) -> dict[str, Any]:
-    """A message in OpenAI's chat format (an assistant's ``tool_calls``, a tool reply's
-    ``tool_call_id``); also what a chat template receives (in-process and token mode).
-
-    An assistant's ``reasoning``, when set, goes as ``reasoning_content``: the field
-    Qwen3-style chat templates render (``<think>...</think>``) and that vLLM accepts in
-    requests (>= 0.10 reads it as ``reasoning``, and hands both names to the template).
-    """
-    out: dict[str, Any] = {"role": message.role, "content": message.content}
-    if message.tool_calls:
-        out["tool_calls"] = [dict(call) for call in message.tool_calls]
-    if message.tool_call_id is not None:
-        out["tool_call_id"] = message.tool_call_id
-    if message.reasoning is not None:
-        out["reasoning_content"] = message.reasoning
-    return out
 
 
 def chat_payload(

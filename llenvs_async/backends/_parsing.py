@@ -20,9 +20,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .._chat import message_dict
 from ..errors import BackendError
 from ..types import Completion, GenerationRequest
-from ._openai_wire import message_dict
 
 __all__ = [
     "STRICT_LEVELS",

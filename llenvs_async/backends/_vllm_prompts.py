@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .._chat import message_dict
 from ..errors import BackendError, ContextLengthError
 from ..types import GenerationRequest
-from ._openai_wire import message_dict
 
 __all__ = ["describe", "room", "templated_ids"]
 

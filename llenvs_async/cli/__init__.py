@@ -14,7 +14,7 @@ import typer
 from typer.main import get_command
 
 from ..errors import LlenvsError
-from ..serialization._results import ResultsError
+from ..serialization.results import ResultsError
 from ._common import CliError
 from .atif import import_atif
 from .bench import bench as bench_command

@@ -14,8 +14,7 @@ from .._shield import shielded
 from ..backends.base import Backend
 from ..backends.scripted import ScriptedBackend
 from ..models import KNOWN_MODELS, resolve_model
-from ..runner import TrajectoryRunner
-from ..runner._lockstep import Schedule
+from ..runner import Schedule, TrajectoryRunner
 from ..types import SamplingParams
 from ._common import CliError
 from ._sources import Source

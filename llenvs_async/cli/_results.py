@@ -1,6 +1,6 @@
 """Results files written by ``run``: loaded for a command, and summarised as a table.
 
-The record itself (``ResultRecord``, keyed by (task, rollout)) is ``serialization._results``'s.
+The record itself (``ResultRecord``, keyed by (task, rollout)) is ``serialization.results``'s.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from ..serialization import SerializationError, read_jsonl
-from ..serialization._results import (
+from ..serialization.results import (
     ResultRecord,
     ResultsError,
     parse_result,

@@ -2,7 +2,7 @@
 
 Plain values, imported by the commands and by each source's builder (``_harbor.py``);
 opening one is ``_sources.open_source``. The spec and its options are results-file values
-(``serialization._results``), shared with the viewer.
+(``serialization.results``), shared with the viewer.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..env import EnvFactory, Environment, RestoreFn
 from ..policies import OraclePolicy
-from ..serialization._results import BUILTIN_ENVS, HarborOptions, SourceSpec
+from ..serialization.results import BUILTIN_ENVS, HarborOptions, SourceSpec
 from ..types import State
 
 __all__ = ["BUILTIN_ENVS", "HarborOptions", "Source", "SourceSpec", "TaskRef"]

@@ -55,7 +55,7 @@ def import_atif(
     ] = False,
 ) -> None:
     """Import ATIF trajectories as a results file that q-values, view and export read."""
-    from ..serialization._atif import EXTRA_KEY, AtifError, from_atif, iter_atif
+    from ..serialization.atif import EXTRA_KEY, AtifError, from_atif, iter_atif
 
     if action_format not in ("text", "tools"):
         raise CliError(f"--action-format must be 'text' or 'tools', got {action_format!r}")

@@ -83,7 +83,7 @@ def build_all(force: Annotated[bool, _FORCE] = False) -> None:
 def cleanup() -> None:
     """Remove vLLM engine processes, containers, snapshot images, gVisor sandboxes and
     checkpoints left behind by llenvs processes that are gone."""
-    from ..backends._vllm_orphans import reap_orphan_engines
+    from ..backends import reap_orphan_engines
     from ..sandbox.reaper import reap_all_orphans
 
     engines = reap_orphan_engines()  # first: needs no Docker engine

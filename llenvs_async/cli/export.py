@@ -209,7 +209,7 @@ def export(
 def export_atif(path: Path, out: Path) -> int:
     """Every trajectory of a results JSONL as ``out/<task>__<rollout>/agent/trajectory.json``
     (ATIF; the record's source kept for the import); returns how many were written."""
-    from ..serialization._atif import to_atif, write_atif
+    from ..serialization.atif import to_atif, write_atif
 
     if not path.is_file():
         raise CliError(f"results file {str(path)!r} does not exist")

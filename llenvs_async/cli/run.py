@@ -11,10 +11,10 @@ from typing import Annotated
 import anyio
 import typer
 
+from .. import _timing
 from .._shield import shielded
 from ..env import EnvFactory, Environment, replay_restore
 from ..errors import DockerUnavailableError
-from ..runner import _timing
 from ..serialization import JsonlWriter
 from ..types import ErrorInfo, Observation, State, Trajectory
 from . import _options as opt

@@ -12,7 +12,7 @@ from typing import Any
 
 import ray
 
-from ..env import Environment
+from ..env import AgentSurface, Environment
 from ..errors import ClosedError
 from . import _wire
 from ._remote import Placement, Reply, failure_of, unpicklable
@@ -99,12 +99,10 @@ class EnvActor:
         try:
             env = await env_factory()
             node, host, pid, actor = await self.where()
-            span = getattr(env, "reward_range", None)
             placement = Placement(
                 node_id=node, host=host, pid=pid, actor_id=actor, actor_name=name,
                 pure_step=bool(env.pure_step), max_steps=env.max_steps,
-                reward_range=None if span is None else (float(span[0]), float(span[1])),
-                slot=slot,
+                offer=AgentSurface.of(env), slot=slot,
             )  # fmt: skip
         except Exception as exc:
             if env is not None:  # made but not describable: close it before the actor goes

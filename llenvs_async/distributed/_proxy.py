@@ -12,9 +12,9 @@ from typing import Any, TypeVar
 from ray.exceptions import RayActorError, RayError
 
 from .._resource import AsyncResource
-from ..env import Environment
+from ..env import AgentEnvironment, Environment
 from ..errors import ClosedError
-from ..types import Action, State, StepResult
+from ..types import Action, ChatMessage, State, StepResult
 from . import _wire
 from ._host import Host, kill
 from ._remote import Placement, await_ref, translate, unpicklable, unwrap
@@ -29,16 +29,16 @@ _T = TypeVar("_T")
 async def _verify_stop(
     env: Environment, state: State, reason: str
 ) -> tuple[float, Mapping[str, Any]] | None:
-    verify = getattr(env, "verify_stop", None)
-    return None if verify is None else await verify(state, reason)
+    return await env.verify_stop(state, reason) if isinstance(env, AgentEnvironment) else None
 
 
 class RayEnvironment(AsyncResource):
-    """An ``Environment`` whose instance lives in a Ray actor (made by ``RayEnvFactory``).
+    """An ``AgentEnvironment`` whose instance lives in a Ray actor (made by ``RayEnvFactory``).
 
-    ``pure_step``, ``max_steps`` (and ``reward_range`` when the instance has one) mirror
-    the instance; ``node_id`` and ``info`` say where it runs. ``run(fn, *args)`` runs
-    ``fn(instance, *args)`` in the actor (what ``remote_restore`` uses).
+    ``pure_step``, ``max_steps`` and the instance's ``AgentSurface`` (tools, prompts, stop
+    sequences, reward range) mirror the instance, ``verify_stop`` runs in it; ``node_id`` and
+    ``info`` say where it runs. ``run(fn, *args)`` runs ``fn(instance, *args)`` in the actor
+    (what ``remote_restore`` uses).
     """
 
     def __init__(
@@ -54,8 +54,6 @@ class RayEnvironment(AsyncResource):
         self.placement = placement
         self.pure_step = placement.pure_step
         self.max_steps = placement.max_steps
-        if placement.reward_range is not None:
-            self.reward_range = placement.reward_range
         self.close_timeout = close_timeout
         self._on_close = on_close
         self._host = host
@@ -70,6 +68,26 @@ class RayEnvironment(AsyncResource):
     @property
     def node_id(self) -> str:
         return self.placement.node_id
+
+    @property
+    def tools(self) -> tuple[Mapping[str, Any], ...]:
+        return self.placement.offer.tools
+
+    @property
+    def system_prompt(self) -> str | None:
+        return self.placement.offer.system_prompt
+
+    @property
+    def example_turns(self) -> tuple[ChatMessage, ...]:
+        return self.placement.offer.example_turns
+
+    @property
+    def stop_sequences(self) -> tuple[str, ...]:
+        return self.placement.offer.stop_sequences
+
+    @property
+    def reward_range(self) -> tuple[float, float] | None:
+        return self.placement.offer.reward_range
 
     @property
     def info(self) -> dict[str, Any]:
@@ -162,8 +180,7 @@ class RayEnvironment(AsyncResource):
     async def verify_stop(
         self, state: State, reason: str
     ) -> tuple[float, Mapping[str, Any]] | None:
-        """The instance's own ``verify_stop`` (a stop the runner made), run in its actor;
-        None when the instance has none."""
+        """The instance's own ``verify_stop`` (a stop the runner made), run in its actor."""
         return await self.run(_verify_stop, state, reason)
 
     async def aclose(self) -> None:

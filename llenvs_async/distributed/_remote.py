@@ -13,6 +13,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayError
 
+from ..env import AgentSurface
 from .errors import InstanceLostError, RemoteEnvError
 
 __all__ = [
@@ -30,7 +31,8 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Placement:
-    """Where an instance runs and what it declared (sent back by its actor)."""
+    """Where an instance runs and what it declared: its ``Environment`` attributes and its
+    ``AgentSurface`` (sent back by its actor)."""
 
     node_id: str
     host: str
@@ -39,7 +41,7 @@ class Placement:
     actor_name: str
     pure_step: bool
     max_steps: int | None
-    reward_range: tuple[float, float] | None = None
+    offer: AgentSurface
     slot: int = 0  # the instance's number in its actor (0 unless instances share one)
 
     @property

@@ -8,10 +8,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .._ownership import OWNER_LABEL, SESSION_LABEL
+from ..host import CommandResult
 from .container import DEFAULT_CAP_DROP, Container, ContainerSpec
 from .engine import DockerEngine
 from .environment import DockerEnvironment, format_observation
-from .output import CommandResult
 from .reaper import ReapedContainer, reap_orphans, remove_own_containers_sync
 from .shell import ShellKind, ShellSession
 from .shell_task import ShellTaskEnvironment

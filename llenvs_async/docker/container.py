@@ -19,7 +19,10 @@ from .._ownership import OWNER_LABELS, SESSION_LABEL
 from .._resource import AsyncResource
 from .._shield import shielded
 from ..errors import ClosedError, ContainerError, LlenvsError
-from ._exec_common import (
+from ..host import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    CappedOutput,
+    CommandResult,
     PidMark,
     command_result,
     files_tar,
@@ -30,7 +33,6 @@ from ._exec_common import (
 )
 from .container_spec import DEFAULT_CAP_DROP, ContainerSpec
 from .engine import DockerEngine, translate_errors
-from .output import DEFAULT_MAX_OUTPUT_BYTES, CappedOutput, CommandResult
 from .reaper import register_backstop, remove_container_sync
 from .shell import ShellChannel, ShellKind, ShellSession
 

@@ -13,11 +13,11 @@ from typing import Any
 from .._shield import shielded
 from ..env import new_episode_id
 from ..errors import EnvError
+from ..host import CommandResult
 from ..protocols import AgentProtocol
 from ..types import Observation, State
 from .container import ContainerSpec
 from .engine import DockerEngine
-from .output import CommandResult
 from .pool import WarmPool
 from .runtime import Runtime, RuntimeHost, get_runtime
 from .shell import ShellKind, ShellSession

@@ -161,13 +161,17 @@ async def _remove_images(engine: DockerEngine, refs: Sequence[str]) -> list[str]
 
 class Forkable(Protocol):
     """What ``SnapshotFork`` needs of an environment: its live shell and container (or other
-    box), and a way to continue a state in a new container started from an image."""
+    box), the runtime its boxes run on, and a way to continue a state in a new container
+    started from an image."""
 
     @property
     def shell(self) -> ShellSession | None: ...
 
     @property
     def container(self) -> ShellHost | None: ...
+
+    @property
+    def container_runtime(self) -> str: ...
 
     async def resume_from_image(self, image: str, state: State) -> State: ...
 
@@ -222,7 +226,7 @@ class SnapshotFork(AsyncResource, Generic[E]):
         if self._closed:
             raise ClosedError(type(self).__name__)
         forkable = self._check(env, state)
-        runtime = getattr(forkable, "container_runtime", "runc")
+        runtime = forkable.container_runtime
         fork = self.process_fork
         if fork is not None and runtime != fork.runtime:
             raise RestoreError(

@@ -13,9 +13,9 @@ from dataclasses import dataclass, replace
 from .._resource import AsyncResource
 from .._shield import shielded
 from ..errors import ClosedError
+from ..host import DEFAULT_MAX_OUTPUT_BYTES
 from .container import Container, ContainerSpec
 from .engine import DockerEngine
-from .output import DEFAULT_MAX_OUTPUT_BYTES
 from .shell import ShellKind, ShellSession
 
 __all__ = ["POOL_LABEL", "WarmContainer", "WarmPool"]

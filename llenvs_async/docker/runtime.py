@@ -19,9 +19,9 @@ from .container import Container, ContainerSpec
 from .shell_host import ShellHost, ShellKind
 
 if TYPE_CHECKING:
+    from ..host import CommandResult
     from ..types import State
     from .engine import DockerEngine
-    from .output import CommandResult
     from .shell import ShellSession
 
 __all__ = [

@@ -30,7 +30,7 @@ import time
 from .._resource import AsyncResource
 from .._shield import shielded
 from ..errors import ClosedError, ContainerError, LlenvsError
-from .output import DEFAULT_MAX_OUTPUT_BYTES, CappedOutput, CommandResult
+from ..host import DEFAULT_MAX_OUTPUT_BYTES, CappedOutput, CommandResult
 from .shell_framing import SYNTAX_ERROR, Pending, is_brace_error, is_incomplete, one_line
 from .shell_host import ShellChannel, ShellHost, ShellKind, ShellSnapshot
 from .shell_wire import LAUNCH, PROBE_LIMIT, ContinuationPrompt, ShellExited, ShellWire

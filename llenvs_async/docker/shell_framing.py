@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .output import CappedOutput
+from ..host import CappedOutput
 
 __all__ = [
     "DATA",

@@ -29,9 +29,9 @@ from typing import Any
 
 from ..env import BaseEnvironment
 from ..errors import StaleStateError
+from ..host import CommandResult
 from ..protocols import AgentProtocol, CallResult, Parsed, get_protocol
 from ..types import Action, ChatMessage, History, Observation, State, StepResult
-from .output import CommandResult
 
 __all__ = [
     "DEFAULT_MAX_OBSERVATION_CHARS",

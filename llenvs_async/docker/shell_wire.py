@@ -13,7 +13,7 @@ import secrets
 import aiohttp
 
 from ..errors import ContainerError
-from .output import CappedOutput
+from ..host import CappedOutput
 from .shell_framing import DATA, Pending, Scanner
 from .shell_host import ShellChannel, ShellHost, ShellKind
 

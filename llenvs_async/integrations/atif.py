@@ -12,7 +12,7 @@ file formats (``llenvs_async.serialization``, which the CLI and viewer use); onl
 
 from __future__ import annotations
 
-from ..serialization._atif import (
+from ..serialization.atif import (
     ATIF_VERSION,
     EXTRA_KEY,
     TRAJECTORY_FILE,

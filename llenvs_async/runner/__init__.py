@@ -4,14 +4,17 @@ rollout stream for training loops."""
 from __future__ import annotations
 
 from ._config import RunnerStats
+from ._lockstep import SCHEDULES, Schedule
 from ._rollout import PromptBuilder
 from ._runner import TrajectoryRunner
 from ._stream import RolloutStream, StreamInput, StreamStats
 
 __all__ = [
+    "SCHEDULES",
     "PromptBuilder",
     "RolloutStream",
     "RunnerStats",
+    "Schedule",
     "StreamInput",
     "StreamStats",
     "TrajectoryRunner",

@@ -6,11 +6,11 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
+from .. import _timing
 from .._shield import shielded
 from ..env import Environment
 from ..errors import EnvError, RestoreError
 from ..types import State
-from . import _timing
 from ._config import RunConfig
 from ._rollout import Rollout, is_programming_error, with_saved_history
 

@@ -6,9 +6,10 @@ import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Sequence
 from typing import Literal
 
+from .. import _timing
+from ..env import AgentEnvironment
 from ..errors import BackendError, ContextLengthError, EnvError, StepTimeoutError
 from ..types import Action, GenerationError, Trajectory, Transition
-from . import _timing
 from ._config import RunConfig
 from ._instances import Closer, prepare
 from ._rollout import Rollout, is_programming_error
@@ -241,16 +242,15 @@ async def step_rollout(rollout: Rollout, cfg: RunConfig, closer: Closer) -> None
 
 async def verify_stop(rollout: Rollout, cfg: RunConfig) -> None:
     """A stop the runner made (the context window, its ``max_steps``) is verified like the
-    environment's own stops, when the environment has a verifier (``verify_stop``); the
+    environment's own stops by its ``AgentEnvironment.verify_stop`` (None: not verified); the
     verdict goes on the last step. A failed verification fails the rollout."""
     env, state = rollout.env, rollout.state
-    verify = getattr(env, "verify_stop", None)
-    if env is None or state is None or state.done or verify is None:
+    if not isinstance(env, AgentEnvironment) or state is None or state.done:
         return
     reason = rollout.stop_reason
     try:
         async with asyncio.timeout(cfg.step_timeout):
-            verdict = await verify(state, reason)
+            verdict = await env.verify_stop(state, reason)
     except Exception as exc:
         if is_programming_error(exc):
             raise

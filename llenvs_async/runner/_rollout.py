@@ -8,7 +8,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..env import Environment, new_episode_id
+from .. import _timing
+from ..env import AgentEnvironment, Environment, new_episode_id
 from ..errors import EnvError
 from ..types import (
     Action,
@@ -23,7 +24,6 @@ from ..types import (
     Trajectory,
     Transition,
 )
-from . import _timing
 
 __all__ = [
     "PromptBuilder",
@@ -236,7 +236,7 @@ class Rollout:
 
     def note_env(self, env: Environment) -> None:
         """Record where the instance runs (a remote one's ``node_id``) in the trajectory's info."""
-        node = getattr(env, "node_id", None)
+        node = env.node_id if isinstance(env, AgentEnvironment) else None
         if node is not None:
             self.note("node_id", node)
 

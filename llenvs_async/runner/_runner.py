@@ -11,7 +11,7 @@ from typing import Any
 
 from .._resource import AsyncResource
 from ..backends.base import Backend
-from ..env import EnvFactory, Environment, RestoreFn, replay_restore
+from ..env import AgentSurface, EnvFactory, Environment, RestoreFn, replay_restore
 from ..errors import ClosedError
 from ..types import Action, ChatMessage, SamplingParams, State, Trajectory
 from ._async import run_async
@@ -94,7 +94,8 @@ class TrajectoryRunner(AsyncResource):
         if coalesce_window < 0:
             raise ValueError(f"coalesce_window must be >= 0 seconds, got {coalesce_window!r}")
         self.coalesce_window = float(coalesce_window)
-        self.tools = _check_tools(getattr(environment, "tools", ()) if tools is None else tools)
+        offer = AgentSurface.of(environment)
+        self.tools = _check_tools(offer.tools if tools is None else tools)
         self.tool_choice = tool_choice
         self.keep_reasoning = keep_reasoning
         self.tokens: TokenPrompts | None = None
@@ -112,16 +113,14 @@ class TrajectoryRunner(AsyncResource):
         self.environment = environment
         self.backend = backend
         self.sampling_params = _with_stops(
-            sampling_params or SamplingParams(), getattr(environment, "stop_sequences", ())
+            sampling_params or SamplingParams(), offer.stop_sequences
         )
         self.env_factory = env_factory
         self.restore_fn: RestoreFn = restore_fn or replay_restore
-        self.system_prompt = (
-            getattr(environment, "system_prompt", None) if system_prompt is None else system_prompt
-        )
+        self.system_prompt = offer.system_prompt if system_prompt is None else system_prompt
         # The format's example turns go with its system prompt; system_prompt="" sends neither.
         self.example_turns: tuple[ChatMessage, ...] = (
-            tuple(getattr(environment, "example_turns", ())) if system_prompt != "" else ()
+            offer.example_turns if system_prompt != "" else ()
         )
         self.max_steps = max_steps
         self.step_timeout = step_timeout

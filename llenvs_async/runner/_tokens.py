@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..backends._openai_wire import message_dict
+from .._chat import message_dict
 from ..backends.base import TokenizerBackend
 from ..errors import BackendError, LlenvsError
 from ..types import ActionPath, ChatMessage, Completion, GenerationRequest, TokenStep

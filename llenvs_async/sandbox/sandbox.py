@@ -22,7 +22,14 @@ from typing import Any, Literal
 
 from .._resource import AsyncResource
 from .._shield import shielded
-from ..docker._exec_common import (
+from ..docker.container import ContainerSpec
+from ..docker.engine import DockerEngine
+from ..docker.shell import ShellChannel, ShellKind, ShellSession
+from ..errors import ClosedError, ContainerError, EnvError
+from ..host import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    CappedOutput,
+    CommandResult,
     PidMark,
     command_result,
     files_tar,
@@ -31,11 +38,6 @@ from ..docker._exec_common import (
     pid_marked,
     shell_command,
 )
-from ..docker.container import ContainerSpec
-from ..docker.engine import DockerEngine
-from ..docker.output import DEFAULT_MAX_OUTPUT_BYTES, CappedOutput, CommandResult
-from ..docker.shell import ShellChannel, ShellKind, ShellSession
-from ..errors import ClosedError, ContainerError, EnvError
 from .bundle import ImageRootfs, ensure_rootfs, find_init, oci_config, write_bundle
 from .channel import SHELL_DIR, START_SCRIPT, FifoChannel
 from .reaper import register_sandbox_backstop, remove_sandbox_sync

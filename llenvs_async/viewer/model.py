@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import LlenvsError
 from ..serialization import SerializationError, iter_jsonl
-from ..serialization._results import (
+from ..serialization.results import (
     ResultRecord,
     ResultsError,
     SourceSpec,
@@ -120,7 +120,7 @@ def _is_atif(path: Path) -> bool:
 def _read_atif(path: Path) -> list[tuple[ResultRecord, str | None]]:
     """ATIF trajectories as run records: the task they name, else their trial's directory
     (``<trial>/agent/trajectory.json``) or file name; rollouts numbered per task."""
-    from ..serialization._atif import AtifError, find_atif_files, from_atif, read_atif
+    from ..serialization.atif import AtifError, find_atif_files, from_atif, read_atif
 
     out: list[tuple[ResultRecord, str | None]] = []
     counts: dict[int | str, int] = {}

@@ -7,12 +7,8 @@ from typing import Any
 
 import pytest
 
-from llenvs_async.backends._openai_wire import (
-    MalformedResponse,
-    chat_payload,
-    message_dict,
-    parse_chat_response,
-)
+from llenvs_async._chat import message_dict
+from llenvs_async.backends._openai_wire import MalformedResponse, chat_payload, parse_chat_response
 from llenvs_async.backends._outcomes import ContextOverflow, context_overflow, request_error
 from llenvs_async.errors import BackendError, ContextLengthError
 from llenvs_async.types import ChatMessage, GenerationRequest, SamplingParams

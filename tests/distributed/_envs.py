@@ -8,7 +8,7 @@ from pathlib import Path
 from llenvs_async.adapters.harbor import HarborAdapter, HarborEnvironment
 from llenvs_async.envs import CounterEnv
 from llenvs_async.errors import VerifierError
-from llenvs_async.types import GenerationRequest, State
+from llenvs_async.types import ChatMessage, GenerationRequest, State
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks"
 
@@ -51,3 +51,20 @@ class VerifiedCounter(CounterEnv):
 
 async def verified_counter() -> VerifiedCounter:
     return VerifiedCounter(max_steps=20)
+
+
+class OfferingCounter(CounterEnv):
+    """A counter that offers the model everything an ``AgentEnvironment`` can."""
+
+    tools = ({"type": "function", "function": {"name": "inc", "parameters": {}}},)
+    system_prompt = "Count up."
+    example_turns = (
+        ChatMessage(role="user", content="to 1"),
+        ChatMessage(role="assistant", content="inc"),
+    )
+    stop_sequences = ("\nEND",)
+    reward_range = (-1.0, 2.0)
+
+
+async def offering_counter() -> OfferingCounter:
+    return OfferingCounter(max_steps=20)

@@ -305,3 +305,24 @@ async def test_a_stop_the_runner_makes_is_verified_in_the_actor(ray_cluster: obj
     last = cut.transitions[-1]
     assert last.info["verified_because"] == "max_steps" and last.reward == 1.0
     assert factory.live == 0 and live_actors() == []
+
+
+async def test_the_proxy_offers_what_its_instance_declares(ray_cluster: object) -> None:
+    """Tools, prompts, stop sequences and reward range cross to the driver as one value, and a
+    runner built on the proxy sends them as it would for a local instance."""
+    from llenvs_async.distributed import ray_env_factory
+    from llenvs_async.env import AgentEnvironment, AgentSurface
+    from llenvs_async.testing import RecordingBackend
+
+    local = _envs.OfferingCounter()
+    factory = ray_env_factory(_envs.offering_counter)
+    proxy = await factory()
+    async with proxy:
+        assert isinstance(proxy, AgentEnvironment)
+        assert AgentSurface.of(proxy) == AgentSurface.of(local) != AgentSurface()
+        backend = RecordingBackend(ScriptedBackend(lambda request: "submit"))
+        [done] = await TrajectoryRunner(proxy, backend).run_batch([1])
+    assert done.error is None and proxy.closed and live_actors() == []
+    [request] = backend.calls[0]
+    assert request.tools == local.tools and backend.params[0].stop == ("\nEND",)
+    assert [m.content for m in request.messages[:3]] == ["Count up.", "to 1", "inc"]

@@ -22,9 +22,9 @@ from llenvs_async import (
     State,
     StepResult,
     TrajectoryRunner,
+    _timing,
 )
 from llenvs_async.envs import ArithmeticEnv, CounterEnv
-from llenvs_async.runner import _timing
 from llenvs_async.serialization import JsonlWriter, read_trajectories
 
 from .conftest import counter_policy

@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from ...docker.output import CommandResult
 from ...docker.shell import ShellSession
+from ...host import CommandResult
 from .task import HarborTask
 
 __all__ = ["DEFAULT_COMMAND_TIMEOUT_SEC", "CommandBudget"]

@@ -23,7 +23,6 @@ from dataclasses import replace
 from typing import Any, Literal
 
 from ...docker.container import Container
-from ...docker.output import CommandResult
 from ...docker.runtime import ForkPoint, RuntimeHost
 from ...docker.shell import ShellSession
 from ...docker.shell_task import (
@@ -34,6 +33,7 @@ from ...docker.shell_task import (
 )
 from ...env import new_episode_id
 from ...errors import ClosedError, ContinuationPromptError, EnvError, RestoreError
+from ...host import CommandResult
 from ...protocols import AgentProtocol
 from ...types import Action, Observation, State, StepResult
 from . import steps as multi_step

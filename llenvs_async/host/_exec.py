@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
-from .output import CappedOutput, CommandResult
+from ._output import CappedOutput, CommandResult
 
 __all__ = [
     "KILL_TREE_SCRIPT",
