@@ -8,29 +8,16 @@ import http.client
 import json
 import secrets
 import tarfile
-import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import aiodocker
 import aiohttp
 
 from .._ownership import OWNER_LABELS, SESSION_LABEL
-from .._resource import AsyncResource
 from .._shield import shielded
-from ..errors import ClosedError, ContainerError, LlenvsError
-from ..host import (
-    DEFAULT_MAX_OUTPUT_BYTES,
-    CappedOutput,
-    CommandResult,
-    PidMark,
-    command_result,
-    files_tar,
-    kill_tree_argv,
-    kill_tree_count,
-    pid_marked,
-    shell_command,
-)
+from ..errors import ContainerError, LlenvsError
+from ..host import DEFAULT_MAX_OUTPUT_BYTES, Capability, Carrier, Host
 from .container_spec import DEFAULT_CAP_DROP, ContainerSpec
 from .engine import DockerEngine, translate_errors
 from .reaper import register_backstop, remove_container_sync
@@ -48,10 +35,14 @@ __all__ = ["DEFAULT_CAP_DROP", "Container", "ContainerSpec"]
 _CREATE_LABEL = "llenvs.create"
 
 
-class Container(AsyncResource):
+class Container(Host):
     """A started container owned by this process; ``aclose`` force-removes it (idempotent,
     shielded from cancellation and bounded by ``remove_timeout``).
     """
+
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {"warm_pool", "commit", "archives", "sidecars", "pids"}
+    )
 
     def __init__(
         self, engine: DockerEngine, container_id: str, spec: ContainerSpec, *, remove_timeout: float
@@ -113,14 +104,6 @@ class Container(AsyncResource):
     def short_id(self) -> str:
         return self.id[:12]
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClosedError(f"Container {self.short_id}")
-
     async def inspect(self) -> dict[str, Any]:
         self._check_open()
         with translate_errors("inspecting container", container_id=self.id):
@@ -166,75 +149,19 @@ class Container(AsyncResource):
         execution, stream = await self.open_exec(argv, stdin=True)
         return _ExecChannel(execution, stream)
 
-    async def exec(
+    async def _spawn(
         self,
-        argv: str | Sequence[str],
+        argv: Sequence[str],
         *,
-        timeout: float | None = None,  # noqa: ASYNC109 - on timeout the processes are killed
         env: Mapping[str, str] | None = None,
         workdir: str | None = None,
         user: str | None = None,
-        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
-    ) -> CommandResult:
-        """Run one process (a string runs under ``/bin/sh -c``); stdout+stderr combined.
-
-        On timeout, or if the caller is cancelled, the process's whole group and its
-        descendants are killed. Needs ``/bin/sh`` in the image.
-        """
-        command = shell_command(argv)
-        started = time.monotonic()
-        execution, stream = await self.open_exec(
-            pid_marked(command), env=env, workdir=workdir, user=user
-        )
-        out = CappedOutput(max_output_bytes)
-        mark = PidMark()
-        timed_out = False
-        try:
-            try:
-                async with asyncio.timeout(timeout):
-                    await _drain(stream, out, mark)
-            except TimeoutError:
-                timed_out = True
-                if mark.pid:
-                    await self.signal_tree(mark.pid, "KILL")
-                async with asyncio.timeout(10):
-                    await _drain(stream, out, mark)
-        except asyncio.CancelledError:
-            if mark.pid:
-                await shielded(self.signal_tree(mark.pid, "KILL"), within=10)
-            raise
-        except TimeoutError as exc:
-            raise ContainerError(
-                f"exec {command[0]!r} did not end after being killed", container_id=self.id
-            ) from exc
-        finally:
-            await stream.close()
-        with translate_errors("inspecting exec", container_id=self.id):
-            info = await execution.inspect()
-        return command_result(out, exit_code=info.get("ExitCode"), timed_out=timed_out,
-                              started=started)  # fmt: skip
-
-    async def signal_tree(
-        self,
-        root_pid: int,
-        signal: Literal["INT", "TERM", "KILL"],
-        *,
-        keep_root: bool = False,
-        max_age_s: float | None = None,
-    ) -> int:
-        """Signal ``root_pid``'s process group and descendants from a second exec.
-
-        ``max_age_s`` limits it to processes started that recently; returns the count signalled.
-        """
-        argv = kill_tree_argv(signal, root_pid, keep_root=keep_root, max_age_s=max_age_s)
-        _, stream = await self.open_exec(argv)
-        out = CappedOutput(4096)
-        try:
-            with translate_errors("signalling processes", container_id=self.id):
-                await _drain(stream, out)
-        finally:
-            await stream.close()
-        return kill_tree_count(out.text())
+        stdin: bytes | None = None,
+    ) -> Carrier:
+        if stdin is not None:
+            raise ValueError("a Docker exec takes no stdin here: use put_archive for files")
+        execution, stream = await self.open_exec(argv, env=env, workdir=workdir, user=user)
+        return _ExecCarrier(execution, stream, self.id)
 
     async def shell(
         self, *, shell: ShellKind = "auto", max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
@@ -243,13 +170,6 @@ class Container(AsyncResource):
         session = await ShellSession.start(self, shell=shell, max_output_bytes=max_output_bytes)
         self._sessions.append(session)
         return session
-
-    async def put_files(self, files: Mapping[str, bytes | str], *, mode: int = 0o644) -> None:
-        """Write files (absolute paths; missing parent directories are created)."""
-        await self.put_archive("/", files_tar(files, mode=mode))
-
-    async def put_file(self, path: str, content: bytes | str, *, mode: int = 0o644) -> None:
-        await self.put_files({path: content}, mode=mode)
 
     async def put_archive(self, directory: str, tar_bytes: bytes) -> None:
         """Extract a tar archive into ``directory`` (which must exist)."""
@@ -366,12 +286,24 @@ class _ExecChannel:
         return code if isinstance(code, int) else None
 
 
-async def _drain(stream: Stream, out: CappedOutput, mark: PidMark | None = None) -> None:
-    """Read an exec stream to its end into ``out``; ``mark`` takes the pid off stdout."""
-    while (message := await stream.read_out()) is not None:
-        data = message.data
-        if mark is not None and message.stream == 1:
-            data = mark.feed(data)
-        out.feed(data)
-    if mark is not None:
-        out.feed(mark.flush())
+class _ExecCarrier:
+    """A ``Carrier`` over one Docker exec's attached stream (errors mapped at this edge)."""
+
+    __slots__ = ("_container_id", "_exec", "_stream")
+
+    def __init__(self, execution: Exec, stream: Stream, container_id: str) -> None:
+        self._exec, self._stream, self._container_id = execution, stream, container_id
+
+    async def read(self) -> tuple[bytes, bool] | None:
+        with translate_errors("reading an exec's output", container_id=self._container_id):
+            message = await self._stream.read_out()
+        return None if message is None else (message.data, message.stream == 1)
+
+    async def exit_code(self) -> int | None:
+        with translate_errors("inspecting exec", container_id=self._container_id):
+            info = await self._exec.inspect()
+        code = info.get("ExitCode")
+        return code if isinstance(code, int) else None
+
+    async def close(self) -> None:
+        await self._stream.close()

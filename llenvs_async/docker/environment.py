@@ -82,7 +82,7 @@ class DockerEnvironment(ShellTaskEnvironment):
         self.max_output_bytes = max_output_bytes
         self.shell_kind: ShellKind = shell
         self.runtime = get_runtime(runtime) if isinstance(runtime, str) else runtime
-        if pool is not None and not self.runtime.docker_containers:
+        if pool is not None and "warm_pool" not in self.runtime.capabilities:
             raise ValueError(
                 f"DockerEnvironment: a warm pool holds Docker containers, not boxes of runtime "
                 f"{self.runtime.name!r}: pass pool=None with runtime={self.runtime.name!r}"

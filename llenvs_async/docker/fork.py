@@ -43,12 +43,11 @@ from .._shield import shielded
 from ..env import Environment
 from ..errors import ClosedError, ContainerError, EnvError, LlenvsError, RestoreError
 from ..types import Action, State
-from .container import Container
 from .engine import DockerEngine
 from .images import tag_slug
-from .runtime import ForkPoint, ProcessFork
+from .runtime import ForkPoint, ProcessFork, RuntimeHost
 from .shell import ShellSession
-from .shell_host import ShellHost, ShellState, apply_shell_state, capture_shell_state, run_probe
+from .shell_host import ShellState, apply_shell_state, capture_shell_state, run_probe
 from .snapshots import register_snapshot_backstop, remove_image, snapshot_labels
 
 __all__ = [
@@ -168,7 +167,7 @@ class Forkable(Protocol):
     def shell(self) -> ShellSession | None: ...
 
     @property
-    def container(self) -> ShellHost | None: ...
+    def container(self) -> RuntimeHost | None: ...
 
     @property
     def container_runtime(self) -> str: ...
@@ -338,8 +337,11 @@ class SnapshotFork(AsyncResource, Generic[E]):
             return _Checkpointed(checkpoint=checkpoint, template=current)
         shell, container = env.shell, env.container
         assert shell is not None and container is not None
-        if not isinstance(container, Container):
-            return _Fallback(reason="a gVisor sandbox is forked with processes=True, not committed")
+        if "commit" not in container.capabilities:
+            return _Fallback(
+                reason=f"{type(container).__name__} boxes are not committed (on gVisor: "
+                "fork with processes=True)"
+            )
         try:
             running = _leftover_processes(await run_probe(shell, _PROCESSES, "listing processes"))
             saved = await capture_shell_state(shell)
@@ -358,7 +360,7 @@ class SnapshotFork(AsyncResource, Generic[E]):
         if self._closed:
             return _Fallback(reason="the SnapshotRestore was closed during the replay")
         self._images[ref] = ref  # before committing: aclose removes it whatever happens
-        register_snapshot_backstop(container.engine.url)
+        register_snapshot_backstop((await self._engine_for(env)).url)
         labels = snapshot_labels(self.session_id, key.image)
         try:
             commit = container.commit(repo, tag, labels=labels)

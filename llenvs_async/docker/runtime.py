@@ -11,10 +11,12 @@ one-way (``tests/test_layering.py``).
 from __future__ import annotations
 
 import importlib
+import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from ..host import Capability
 from .container import Container, ContainerSpec
 from .shell_host import ShellHost, ShellKind
 
@@ -70,6 +72,28 @@ class RuntimeHost(ShellHost, Protocol):
         """Docker-shaped details (``Id``, ``Config.WorkingDir``/``Env``)."""
         ...
 
+    @property
+    def capabilities(self) -> frozenset[Capability]: ...
+
+    async def commit(
+        self,
+        repo: str,
+        tag: str = ...,
+        *,
+        labels: Mapping[str, str] | None = ...,
+        changes: Sequence[str] = ...,
+    ) -> str:
+        """The box's filesystem as an image (``commit``; else ``EnvError``)."""
+        ...
+
+    async def get_archive(self, path: str) -> tarfile.TarFile:
+        """A path of the box as a tar (``archives``; else ``EnvError``)."""
+        ...
+
+    async def pids(self) -> tuple[int, int | None]:
+        """Its process count and limit (``pids``; else ``EnvError``)."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -81,10 +105,9 @@ class Runtime(Protocol):
     def name(self) -> str: ...
 
     @property
-    def docker_containers(self) -> bool:
-        """Whether its boxes are Docker containers, so what needs the Docker API works on
-        them: a ``WarmPool`` standing in for ``create``, sidecars joining a box's network,
-        archives copied in and out."""
+    def capabilities(self) -> frozenset[Capability]:
+        """What its boxes can do beyond exec and files (``Capability``): a ``WarmPool``
+        standing in for ``create``, commits, checkpoints, archives, sidecars, pids."""
         ...
 
     def check(self) -> None: ...
@@ -148,7 +171,7 @@ class RuncRuntime:
     """Docker containers (the daemon's default runtime, runc)."""
 
     name: str = "runc"
-    docker_containers: bool = True
+    capabilities: frozenset[Capability] = Container.capabilities
 
     def check(self) -> None:
         """Nothing to check before connecting: the engine reports an unreachable daemon."""

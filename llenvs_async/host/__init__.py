@@ -1,6 +1,7 @@
-"""What every host a command runs on shares, whatever carries it (a Docker container, a gVisor
-sandbox): command results and capped output, the pid-marking exec wrapper, the process-tree
-kill, and the tar that ``put_files`` sends."""
+"""The host layer: ``Host``, the base of every box a command runs in (a Docker container, a
+gVisor sandbox), with exec, the process-tree kill and the output drain written once; and
+what they share: command results and capped output, the pid-marking exec wrapper, the
+kill-tree script, the tar that ``put_files`` sends."""
 
 from __future__ import annotations
 
@@ -15,14 +16,20 @@ from ._exec import (
     pid_marked,
     shell_command,
 )
+from ._host import KILLED_DRAIN_TIMEOUT, SIGNAL_TIMEOUT, Capability, Carrier, Host
 from ._output import DEFAULT_MAX_OUTPUT_BYTES, CappedOutput, CommandResult
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_BYTES",
+    "KILLED_DRAIN_TIMEOUT",
     "KILL_TREE_SCRIPT",
+    "SIGNAL_TIMEOUT",
     "UPTIME_TICKS",
+    "Capability",
     "CappedOutput",
+    "Carrier",
     "CommandResult",
+    "Host",
     "PidMark",
     "command_result",
     "files_tar",

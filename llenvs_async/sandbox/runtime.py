@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from ..docker.container import ContainerSpec
 from ..docker.engine import DockerEngine
 from ..docker.runtime import RuntimeHost, register_runtime
+from ..host import Capability
 from .runsc import find_runsc
 from .sandbox import Sandbox
 
@@ -17,10 +18,10 @@ __all__ = ["GVISOR", "GvisorRuntime"]
 @dataclass(frozen=True, slots=True)
 class GvisorRuntime:
     """gVisor sandboxes driven through ``runsc`` (root, no network); not Docker containers,
-    so no warm pool, sidecars or archive copies."""
+    so no warm pool, commits, sidecars or archive copies, but checkpoints."""
 
     name: str = "gvisor"
-    docker_containers: bool = False
+    capabilities: frozenset[Capability] = Sandbox.capabilities
 
     def check(self) -> None:
         """``GvisorUnavailableError`` naming what is missing (runsc, root, the platform)."""

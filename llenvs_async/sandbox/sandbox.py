@@ -15,29 +15,16 @@ import asyncio
 import logging
 import secrets
 import subprocess
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar
 
-from .._resource import AsyncResource
 from .._shield import shielded
 from ..docker.container import ContainerSpec
 from ..docker.engine import DockerEngine
 from ..docker.shell import ShellChannel, ShellKind, ShellSession
-from ..errors import ClosedError, ContainerError, EnvError
-from ..host import (
-    DEFAULT_MAX_OUTPUT_BYTES,
-    CappedOutput,
-    CommandResult,
-    PidMark,
-    command_result,
-    files_tar,
-    kill_tree_argv,
-    kill_tree_count,
-    pid_marked,
-    shell_command,
-)
+from ..errors import ContainerError, EnvError
+from ..host import DEFAULT_MAX_OUTPUT_BYTES, SIGNAL_TIMEOUT, Capability, Carrier, Host
 from .bundle import ImageRootfs, ensure_rootfs, find_init, oci_config, write_bundle
 from .channel import SHELL_DIR, START_SCRIPT, FifoChannel
 from .reaper import register_sandbox_backstop, remove_sandbox_sync
@@ -45,8 +32,6 @@ from .runsc import Runsc, find_runsc
 
 __all__ = ["Sandbox"]
 
-# How long the second exec that signals a process tree may take (then it is killed).
-_SIGNAL_TIMEOUT = 10.0
 # A missing file, told apart from other failures of ``get_file``.
 _MISSING = 44
 # Stats a path as the image's own ls does (GNU ls: statx with AT_NO_AUTOMOUNT).
@@ -56,8 +41,10 @@ _stat_checked: set[tuple[str, str]] = set()
 _log = logging.getLogger("llenvs_async.sandbox")
 
 
-class Sandbox(AsyncResource):
+class Sandbox(Host):
     """A running gVisor sandbox owned by this process; ``aclose`` kills and deletes it."""
+
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({"checkpoint"})
 
     def __init__(
         self,
@@ -112,7 +99,7 @@ class Sandbox(AsyncResource):
         """Warn when this image's own ``ls`` fails with EINVAL here: runsc before gVisor
         release-20231030 rejects statx/fstatat's ``AT_NO_AUTOMOUNT``, which coreutils >= 9
         passes, so ``ls PATH``/``stat`` fail in every sandbox of the image, forks included."""
-        result = await self.exec(["/bin/sh", "-c", _STAT_PROBE], timeout=_SIGNAL_TIMEOUT)
+        result = await self.exec(["/bin/sh", "-c", _STAT_PROBE], timeout=SIGNAL_TIMEOUT)
         if result.ok or "Invalid argument" not in result.output:
             return
         version = (await self.runsc.call("--version", what="--version")).partition("\n")[0]
@@ -173,16 +160,8 @@ class Sandbox(AsyncResource):
         return self.id.removeprefix("llenvs-")[:12]
 
     @property
-    def closed(self) -> bool:
-        return self._closed
-
-    @property
     def workdir(self) -> str:
         return str(self.config["process"]["cwd"])
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClosedError(f"Sandbox {self.short_id}")
 
     async def inspect(self) -> dict[str, Any]:
         """A Docker-shaped subset (``Id``, ``Config.WorkingDir``/``Env``), for shared callers."""
@@ -205,72 +184,23 @@ class Sandbox(AsyncResource):
             flags.append(f"--user={user}")
         return ["exec", *flags, self.id, *argv]
 
-    async def exec(
+    async def _spawn(
         self,
-        argv: str | Sequence[str],
+        argv: Sequence[str],
         *,
-        timeout: float | None = None,  # noqa: ASYNC109 - on timeout the processes are killed
         env: Mapping[str, str] | None = None,
         workdir: str | None = None,
         user: str | None = None,
         stdin: bytes | None = None,
-        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
-    ) -> CommandResult:
-        """Run one process (``runsc exec``; a string runs under ``/bin/sh -c``); stdout and
-        stderr combined. On timeout or cancellation its group and descendants are killed."""
+    ) -> Carrier:
         self._check_open()
-        command = shell_command(argv)
-        wrapped = pid_marked(command)
-        started = time.monotonic()
         proc = await asyncio.create_subprocess_exec(
-            *self.runsc.argv(*self._exec_args(wrapped, env=env, workdir=workdir, user=user)),
+            *self.runsc.argv(*self._exec_args(argv, env=env, workdir=workdir, user=user)),
             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
-        out = CappedOutput(max_output_bytes)
-        mark = PidMark()
-        timed_out = signalled = False
-        try:
-            try:
-                async with asyncio.timeout(timeout):
-                    await _drain(proc, out, mark, stdin)
-            except TimeoutError:
-                timed_out = True
-                if mark.pid:
-                    signalled = True
-                    await shielded(self.signal_tree(mark.pid, "KILL"), within=_SIGNAL_TIMEOUT + 5)
-                async with asyncio.timeout(10):
-                    await _drain(proc, out, mark, None)
-        except BaseException as exc:
-            if proc.returncode is None:
-                if mark.pid and not signalled:
-                    await shielded(self.signal_tree(mark.pid, "KILL"), within=_SIGNAL_TIMEOUT + 5)
-                proc.kill()
-                await shielded(proc.wait(), within=10)
-            if timed_out and isinstance(exc, TimeoutError):
-                raise ContainerError(
-                    f"exec {command[0]!r} did not end when killed after its timeout",
-                    container_id=self.id,
-                ) from exc
-            raise
-        return command_result(out, exit_code=proc.returncode, timed_out=timed_out,
-                              started=started)  # fmt: skip
-
-    async def signal_tree(
-        self,
-        root_pid: int,
-        signal: Literal["INT", "TERM", "KILL"],
-        *,
-        keep_root: bool = False,
-        max_age_s: float | None = None,
-    ) -> int:
-        """Signal ``root_pid``'s process group and descendants (as ``Container.signal_tree``);
-        the ``runsc exec`` doing it is killed if cut off or past ``_SIGNAL_TIMEOUT``."""
-        argv = kill_tree_argv(signal, root_pid, keep_root=keep_root, max_age_s=max_age_s)
-        out = await self.runsc.call(*self._exec_args(argv), timeout=_SIGNAL_TIMEOUT,
-                                    what=f"exec (signal {signal} to {root_pid})")  # fmt: skip
-        return kill_tree_count(out)
+        return _ExecCarrier(proc, stdin)
 
     async def open_channel(self, argv: list[str]) -> ShellChannel:
         """Start ``argv`` on FIFOs in the sandbox and relay to it (see ``channel``)."""
@@ -303,13 +233,6 @@ class Sandbox(AsyncResource):
     def track(self, session: ShellSession) -> None:
         """Close ``session`` (an adopted shell) with this sandbox."""
         self._sessions.append(session)
-
-    async def put_file(self, path: str, content: bytes | str, *, mode: int = 0o644) -> None:
-        await self.put_files({path: content}, mode=mode)
-
-    async def put_files(self, files: Mapping[str, bytes | str], *, mode: int = 0o644) -> None:
-        """Write files (absolute paths; missing parent directories are created)."""
-        await self.put_archive("/", files_tar(files, mode=mode))
 
     async def put_archive(self, directory: str, tar_bytes: bytes) -> None:
         """Extract a tar archive into ``directory`` (needs ``tar`` in the image)."""
@@ -388,16 +311,32 @@ class Sandbox(AsyncResource):
         return f"<Sandbox {self.id} image={self.spec.image!r} {state}>"
 
 
-async def _drain(
-    proc: asyncio.subprocess.Process, out: CappedOutput, mark: PidMark, stdin: bytes | None
-) -> None:
-    """Feed ``stdin``, read stdout to its end (``mark`` takes the pid off it), wait."""
-    assert proc.stdout is not None
-    if stdin is not None and proc.stdin is not None:
-        proc.stdin.write(stdin)
-        await proc.stdin.drain()
-        proc.stdin.close()
-    while chunk := await proc.stdout.read(65536):
-        out.feed(mark.feed(chunk))
-    out.feed(mark.flush())
-    await proc.wait()
+class _ExecCarrier:
+    """A ``Carrier`` over one ``runsc exec`` subprocess (stderr merged into stdout): ``stdin``
+    is written on the first read, within the exec's timeout."""
+
+    __slots__ = ("_proc", "_stdin")
+
+    def __init__(self, proc: asyncio.subprocess.Process, stdin: bytes | None) -> None:
+        self._proc, self._stdin = proc, stdin
+
+    async def read(self) -> tuple[bytes, bool] | None:
+        proc = self._proc
+        if self._stdin is not None and proc.stdin is not None:
+            data, self._stdin = self._stdin, None
+            proc.stdin.write(data)
+            await proc.stdin.drain()
+            proc.stdin.close()
+        assert proc.stdout is not None
+        if chunk := await proc.stdout.read(65536):
+            return chunk, True
+        await proc.wait()
+        return None
+
+    async def exit_code(self) -> int | None:
+        return self._proc.returncode
+
+    async def close(self) -> None:
+        if self._proc.returncode is None:
+            self._proc.kill()
+            await self._proc.wait()

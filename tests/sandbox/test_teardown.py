@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-import llenvs_async.sandbox.sandbox as sandbox_module
+import llenvs_async.host._host as host_module
 from llenvs_async._ownership import SESSION_LABEL
 from llenvs_async.docker import ContainerSpec, DockerEngine
 from llenvs_async.errors import ContainerError
@@ -67,7 +67,7 @@ async def test_a_signal_tree_cut_off_kills_its_runsc_exec(fake_sandbox: Sandbox)
 async def test_exec_past_its_timeout_is_bounded_when_signalling_hangs(
     fake_sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sandbox_module, "_SIGNAL_TIMEOUT", 0.5, raising=False)
+    monkeypatch.setattr(host_module, "SIGNAL_TIMEOUT", 0.5)
     async with asyncio.timeout(60):  # unbounded before: the signalling exec never ended
         with pytest.raises(ContainerError, match="did not end when killed"):
             await fake_sandbox.exec("sleep 300", timeout=1.0)

@@ -105,7 +105,7 @@ class HarborAdapter(AsyncResource):
         if provision_index_url is not None and not provision_verifier:
             raise ValueError("provision_index_url is the index of provision_verifier=True")
         box_runtime = get_runtime(runtime)  # an unknown name: ValueError naming the known
-        if warm_pool and not box_runtime.docker_containers:
+        if warm_pool and "warm_pool" not in box_runtime.capabilities:
             raise ValueError(
                 f"warm_pool holds Docker containers, not boxes of runtime {runtime!r}: "
                 f"use warm_pool=0 with runtime={runtime!r}"

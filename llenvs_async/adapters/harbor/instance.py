@@ -16,7 +16,7 @@ from typing import Literal
 from ...docker.container import Container, ContainerSpec
 from ...docker.engine import DockerEngine
 from ...docker.pool import WarmPool
-from ...docker.runtime import ForkPoint, RuntimeHost, get_runtime
+from ...docker.runtime import ForkPoint, Runtime, RuntimeHost, get_runtime
 from ...docker.shell import ShellSession
 from ...errors import ContainerError, EnvError
 from .image import TASK_IMAGE_LABEL, TaskImages
@@ -116,12 +116,11 @@ async def start_instance(
         labels={TASK_IMAGE_LABEL: task.name, DATASET_LABEL: dataset_spec},
     )
     box_runtime = get_runtime(runtime.container_runtime)
-    if not box_runtime.docker_containers:
-        _check_docker_only(task, box_runtime.name, keep_artifacts=runtime.artifacts_dir is not None)
+    _check_capabilities(task, box_runtime, keep_artifacts=runtime.artifacts_dir is not None)
     container: RuntimeHost
     if checkpoint is not None:
         container, shell = await checkpoint.resume(engine.labels)
-    elif runtime.pool is not None and box_runtime.docker_containers and not from_snapshot:
+    elif runtime.pool is not None and "warm_pool" in box_runtime.capabilities and not from_snapshot:
         warm = await runtime.pool.take(spec)  # started, shell open: no create
         container, shell = warm.container, warm.shell
     else:
@@ -163,15 +162,18 @@ async def _daemon_has_bridge(engine: DockerEngine) -> bool:
     return any(isinstance(n, dict) and n.get("Name") == "bridge" for n in found or [])
 
 
-def _check_docker_only(task: HarborTask, runtime: str, *, keep_artifacts: bool) -> None:
-    """Refuse what only a Docker container can host: sidecars joined to its network
+def _check_capabilities(task: HarborTask, runtime: Runtime, *, keep_artifacts: bool) -> None:
+    """Refuse what the runtime's boxes cannot host: sidecars joined to the box's network
     namespace, and artifacts copied out as tar archives (separate verifier, artifacts_dir)."""
+    can = runtime.capabilities
     what = None
-    if task.compose is not None and task.compose.sidecars:
+    if task.compose is not None and task.compose.sidecars and "sidecars" not in can:
         what = "compose sidecars (they join a Docker container's network namespace)"
-    elif task.config.verifier.separate:
+    elif task.config.verifier.separate and "archives" not in can:
         what = "a separate verifier environment (its artifacts are copied out as an archive)"
-    elif keep_artifacts:
+    elif keep_artifacts and "archives" not in can:
         what = "artifacts_dir (artifacts are copied out as an archive)"
     if what is not None:
-        raise EnvError(f"task {task.name!r}: runtime={runtime!r} does not support {what}; use runc")
+        raise EnvError(
+            f"task {task.name!r}: runtime={runtime.name!r} does not support {what}; use runc"
+        )

@@ -35,7 +35,7 @@ async def _process_limit_reached(container: RuntimeHost) -> str | None:
     """Why the verifier could not run, when the agent's processes fill the container's
     process limit (a fork bomb): the episode then scores 0, it is no infrastructure error.
     ``None`` when the limit is not reached (or, in a gVisor sandbox, not measured)."""
-    if not isinstance(container, Container):
+    if "pids" not in container.capabilities:
         return None
     try:
         current, limit = await container.pids()
