@@ -51,6 +51,7 @@ from .types import (
     StepResult,
     TokenRecord,
     TokenStep,
+    ToolReply,
     Trajectory,
     Transition,
 )
@@ -101,6 +102,7 @@ __all__ = [
     "TextProtocol",
     "TokenRecord",
     "TokenStep",
+    "ToolReply",
     "ToolsProtocol",
     "TrainableBackend",
     "Trajectory",

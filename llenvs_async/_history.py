@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING, Any, overload
 if TYPE_CHECKING:
     from .types import Completion
 
-__all__ = ["Action", "ActionPath", "History", "HistoryStep", "Observation", "TokenStep"]
+__all__ = [
+    "Action",
+    "ActionPath",
+    "History",
+    "HistoryStep",
+    "Observation",
+    "TokenStep",
+    "ToolReply",
+]
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
@@ -36,11 +44,21 @@ class Action:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ToolReply:
+    """The answer to one tool call (``tool_call_id``), as the model reads it."""
+
+    tool_call_id: str
+    content: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Observation:
-    """What the agent sees after a reset or a step."""
+    """What the agent sees after a reset or a step: ``text`` for people (and a user turn),
+    or, when it answers tool calls, one ``tool_replies`` entry per call, in call order."""
 
     text: str
     data: Mapping[str, Any] = field(default_factory=_empty)
+    tool_replies: tuple[ToolReply, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

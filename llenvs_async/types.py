@@ -30,6 +30,7 @@ from ._history import (
     HistoryStep,
     Observation,
     TokenStep,
+    ToolReply,
     _empty,
 )
 
@@ -49,6 +50,7 @@ __all__ = [
     "StepResult",
     "TokenRecord",
     "TokenStep",
+    "ToolReply",
     "Trajectory",
     "Transition",
 ]

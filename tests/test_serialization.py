@@ -30,6 +30,7 @@ from llenvs_async.serialization import (
     read_trajectories,
     to_dict,
 )
+from llenvs_async.types import ToolReply
 
 # -- strategies ---------------------------------------------------------------------------
 
@@ -50,7 +51,13 @@ mappings = st.dictionaries(
 actions = st.builds(
     Action, text=st.text(max_size=10), tool_calls=st.lists(json_values, max_size=2).map(tuple)
 )
-observations = st.builds(Observation, text=st.text(max_size=10), data=mappings)
+replies = st.builds(ToolReply, tool_call_id=st.text(max_size=5), content=st.text(max_size=10))
+observations = st.builds(
+    Observation,
+    text=st.text(max_size=10),
+    data=mappings,
+    tool_replies=st.lists(replies, max_size=3).map(tuple),
+)
 completions = st.builds(
     Completion,
     text=st.text(max_size=10),
@@ -213,6 +220,16 @@ async def test_history_round_trips_with_completions_and_shares_structure() -> No
     again = _through_json(later)
     assert again.initial_state.history == traj.states[2].history
     assert len(again.final_state.history) == len(later.final_state.history)
+
+
+def test_tool_replies_written_in_data_before_they_were_typed_still_read() -> None:
+    old = {"text": "t", "data": {"parse_error": "x", "tool_replies": [
+        {"tool_call_id": "c1", "content": "out"}]}}  # fmt: skip
+    observation = from_dict(Observation, old)
+    assert observation.tool_replies == (ToolReply(tool_call_id="c1", content="out"),)
+    assert dict(observation.data) == {"parse_error": "x"}
+    with pytest.raises(SerializationError, match=r"Observation.tool_replies\[0\].content"):
+        from_dict(Observation, {"text": "t", "tool_replies": [{"tool_call_id": "c", "content": 1}]})
 
 
 def test_format_1_files_still_read() -> None:

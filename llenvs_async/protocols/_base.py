@@ -151,5 +151,5 @@ class AgentProtocol(ABC):
     @abstractmethod
     def observe(self, parsed: Parsed, results: Sequence[CallResult]) -> Observation:
         """The observation after a step: for a format error, what was wrong and what is
-        expected; else every call's reply (``data["tool_replies"]`` where the format
-        answers calls by id: a list of ``{"tool_call_id", "content"}`` in call order)."""
+        expected; else every call's reply (``Observation.tool_replies`` where the format
+        answers calls by id, in call order)."""

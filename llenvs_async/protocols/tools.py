@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..types import Action, Observation
+from ..types import Action, Observation, ToolReply
 from ._base import AgentProtocol, Call, CallResult, Parsed
 
 __all__ = ["ToolsProtocol"]
@@ -166,15 +166,17 @@ class ToolsProtocol(AgentProtocol):
         and answers any calls it carries with the error."""
         if parsed.error is not None:
             text = f"Format error: {parsed.error}.\n{_EXPECTED}"
-            data: dict[str, Any] = {"parse_error": parsed.error}
-            if parsed.calls:
-                data["tool_replies"] = [
-                    {"tool_call_id": call.call_id, "content": text} for call in parsed.calls
-                ]
-            return Observation(text=text, data=data)
-        replies = [{"tool_call_id": r.call.call_id, "content": r.text} for r in results]
+            errors = tuple(_reply(c, text) for c in parsed.calls)
+            return Observation(text=text, data={"parse_error": parsed.error}, tool_replies=errors)
+        replies = tuple(_reply(r.call, r.text) for r in results)
         blocks = [f"[{_label(r.call)}]\n{r.text}" for r in results]
-        return Observation(text="\n\n".join(blocks), data={"tool_replies": replies})
+        return Observation(text="\n\n".join(blocks), tool_replies=replies)
+
+
+def _reply(call: Call, content: str) -> ToolReply:
+    """The reply to ``call`` (every call this format parses has an id)."""
+    assert call.call_id is not None, call
+    return ToolReply(tool_call_id=call.call_id, content=content)
 
 
 def _function(name: str, description: str, parameters: Mapping[str, Any]) -> dict[str, Any]:

@@ -117,12 +117,11 @@ def assistant_message(
 
 def observation_messages(observation: Observation) -> list[ChatMessage]:
     """One ``tool`` message per reply when the observation answers tool calls
-    (``data["tool_replies"]``, in call order), else one ``user`` message."""
-    replies = observation.data.get("tool_replies")
-    if isinstance(replies, Sequence) and replies:
+    (``tool_replies``, in call order), else one ``user`` message."""
+    if observation.tool_replies:
         return [
-            ChatMessage(role="tool", content=r["content"], tool_call_id=r["tool_call_id"])
-            for r in replies
+            ChatMessage(role="tool", content=r.content, tool_call_id=r.tool_call_id)
+            for r in observation.tool_replies
         ]
     return [ChatMessage(role="user", content=observation.text)]
 

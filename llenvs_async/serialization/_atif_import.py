@@ -24,6 +24,7 @@ from ..types import (
     Observation,
     State,
     TokenStep,
+    ToolReply,
     Trajectory,
     Transition,
 )
@@ -188,7 +189,19 @@ def _agent(step: Mapping[str, Any]) -> tuple[Action, Completion | None, Observat
     text = (
         extra["text"] if "text" in extra else text_of(results[0].get("content") if results else "")
     )
-    return action, completion, Observation(text=text, data=unplain(extra.get("data")) or {})
+    data = dict(unplain(extra.get("data")) or {})
+    raw = extra.get("tool_replies", data.pop("tool_replies", None))  # in data: before 2026-12-07
+    if raw is not None:
+        replies = tuple(ToolReply(tool_call_id=str(r["tool_call_id"]), content=str(r["content"]))
+                        for r in raw)  # fmt: skip
+    elif results and all("source_call_id" in r for r in results):
+        replies = tuple(
+            ToolReply(tool_call_id=str(r["source_call_id"]), content=text_of(r.get("content")))
+            for r in results
+        )
+    else:
+        replies = ()
+    return action, completion, Observation(text=text, data=data, tool_replies=replies)
 
 
 def _token_step(step: Mapping[str, Any], completion: Completion | None) -> TokenStep | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from types import MappingProxyType
 from typing import Any, TypeVar, cast
 
 from ..types import (
@@ -18,6 +19,7 @@ from ..types import (
     State,
     StopReason,
     TokenStep,
+    ToolReply,
     Trajectory,
     Transition,
 )
@@ -88,9 +90,21 @@ def _read_actions(values: list[Mapping[str, Any]], where: str) -> tuple[Action, 
 
 
 def _read_observation(data: Mapping[str, Any], where: str) -> Observation:
-    return Observation(
-        text=_field(data, "text", str, where), data=_decode_mapping(data, "data", where)
+    extra = _decode_mapping(data, "data", where)
+    holder = data
+    if "tool_replies" not in data and "tool_replies" in extra:  # files before 2026-12-07
+        holder, where_replies = data["data"], f"{where}.data"
+        extra = MappingProxyType({k: v for k, v in extra.items() if k != "tool_replies"})
+    else:
+        where_replies = where
+    replies = tuple(
+        ToolReply(
+            tool_call_id=_field(r, "tool_call_id", str, f"{where_replies}.tool_replies[{i}]"),
+            content=_field(r, "content", str, f"{where_replies}.tool_replies[{i}]"),
+        )
+        for i, r in enumerate(_objects(holder, "tool_replies", where_replies))
     )
+    return Observation(text=_field(data, "text", str, where), data=extra, tool_replies=replies)
 
 
 def _read_history(data: Any, where: str, previous: State | None) -> History:

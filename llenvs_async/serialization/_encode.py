@@ -44,6 +44,10 @@ def _observation(obs: Observation) -> dict[str, Any]:
     out: dict[str, Any] = {"text": obs.text}
     if obs.data:
         out["data"] = _encode_mapping(obs.data, "Observation.data")
+    if obs.tool_replies:
+        out["tool_replies"] = [
+            {"tool_call_id": r.tool_call_id, "content": r.content} for r in obs.tool_replies
+        ]
     return out
 
 

@@ -266,24 +266,27 @@ def _observation(
     observation: Observation, calls: Sequence[Mapping[str, Any]]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """ATIF ``observation`` (one result per tool reply, ids kept where a call of the step
-    has them; else one result) and what our extra adds (text and data not derivable)."""
+    has them; else one result) and what our extra adds (text, data and tool replies, where
+    the results do not give them back)."""
     ids = {c["tool_call_id"] for c in calls}
-    replies = observation.data.get("tool_replies")
+    replies = observation.tool_replies
     results: list[dict[str, Any]] = []
-    if isinstance(replies, list | tuple) and replies:
-        for reply in replies:
-            reply = reply if isinstance(reply, Mapping) else {}
-            result: dict[str, Any] = {"content": str(reply.get("content", ""))}
-            if reply.get("tool_call_id") in ids:
-                result["source_call_id"] = reply["tool_call_id"]
-            results.append(result)
-    else:
+    for reply in replies:
+        result: dict[str, Any] = {"content": reply.content}
+        if reply.tool_call_id in ids:
+            result["source_call_id"] = reply.tool_call_id
+        results.append(result)
+    if not replies:
         results.append({"content": observation.text})
     extra: dict[str, Any] = {}
     if len(results) != 1 or results[0]["content"] != observation.text:
         extra["text"] = observation.text
     if observation.data:
         extra["data"] = _plain(observation.data)
+    if any(reply.tool_call_id not in ids for reply in replies):  # not derivable on import
+        extra["tool_replies"] = [
+            {"tool_call_id": r.tool_call_id, "content": r.content} for r in replies
+        ]
     return {"results": results}, extra
 
 

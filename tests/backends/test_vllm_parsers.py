@@ -645,21 +645,21 @@ async def test_the_models_calls_run_in_a_container_and_are_answered_by_id(
         for t in trajectory.transitions:
             completion = t.completion
             assert completion is not None
-            data = t.next_state.observation.data
+            replies = t.next_state.observation.tool_replies
             if completion.finish_reason == "length":  # cut off inside the call: nothing ran
                 assert "cut off" in t.info["parse_error"] and "exit_code" not in t.info
                 ids = [call["id"] for call in completion.tool_calls]
-                assert [r["tool_call_id"] for r in data.get("tool_replies", [])] == ids
+                assert [r.tool_call_id for r in replies] == ids
             else:  # a complete forced call: it ran, and its reply carries its id
                 [call] = completion.tool_calls
                 assert t.info["parse_error"] is None
-                assert [r["tool_call_id"] for r in data["tool_replies"]] == [call["id"]]
+                assert [r.tool_call_id for r in replies] == [call["id"]]
                 if "exit_code" in t.info:  # it ran in the container
                     command = json.loads(call["function"]["arguments"])["command"].strip()
                     assert t.info["command"] == command and isinstance(t.info["exit_code"], int)
                     ran += 1
                 else:  # an empty command or a bad timeout: answered with the error
-                    assert data["tool_replies"][0]["content"].startswith("[error:")
+                    assert replies[0].content.startswith("[error:")
             if token_mode:
                 assert t.tokens is not None and t.tokens.action_ids == completion.token_ids
     assert ran >= 3, f"only {ran} forced calls of 16 rollouts completed within 512 tokens"

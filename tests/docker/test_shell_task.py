@@ -164,8 +164,8 @@ async def test_a_command_written_by_hand_is_shown_as_a_tool_call(
         data = result.next_state.observation.data
         [tool_call] = data["shown_action"]["tool_calls"]  # shown to the model as a call
         assert json.loads(tool_call["function"]["arguments"]) == {"command": "echo forced"}
-        [reply] = data["tool_replies"]
-        assert reply == {"tool_call_id": tool_call["id"], "content": "forced"}
+        [reply] = result.next_state.observation.tool_replies
+        assert (reply.tool_call_id, reply.content) == (tool_call["id"], "forced")
         # What the model saw parses to the same command.
         seen = Action(text="", tool_calls=(tool_call,))
         assert env.commands(seen) == env.commands(forced) == ("echo forced",)

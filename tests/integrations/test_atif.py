@@ -43,6 +43,7 @@ from llenvs_async.integrations.atif import (
 )
 from llenvs_async.serialization import read_jsonl, read_trajectories, to_dict
 from llenvs_async.testing.chat_tokenizer import ChatMLTokenizer
+from llenvs_async.types import Observation, ToolReply, Transition
 from llenvs_async.viewer.model import load_files
 from tests.cli._docker import docker_ready  # noqa: F401  (a fixture)
 
@@ -130,6 +131,30 @@ def test_our_documents_come_back_exactly(rollouts: dict[str, Trajectory], name: 
     assert back.token_record() == trajectory.token_record()
     assert back.token_record() is not None
     assert [s.hidden for s in back.states] == [s.hidden for s in trajectory.states]
+
+
+def test_tool_replies_come_back_whether_or_not_the_results_name_their_calls() -> None:
+    """Replies to the step's own calls travel as ATIF results (``source_call_id``); one that
+    answers no call of its step (a format error's reply) travels in our extra."""
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "bash", "arguments": json.dumps({"command": "ls"})}}  # fmt: skip
+    start = State(observation=Observation(text="task"), task="t", episode_id="e")
+    answered = Observation(
+        text="[bash: ls]\na", tool_replies=(ToolReply(tool_call_id="c1", content="a"),)
+    )
+    stray = Observation(text="bad", tool_replies=(ToolReply(tool_call_id="zz", content="bad"),))
+    first = Action(text="", tool_calls=(call,))
+    one = start.advance(first, answered)
+    two = one.advance(Action(text="??"), stray, terminated=True)
+    trajectory = Trajectory(
+        episode_id="e", initial_state=start, stop_reason="terminated",
+        transitions=(Transition(state=start, action=first, next_state=one),
+                     Transition(state=one, action=Action(text="??"), next_state=two, reward=1.0)),
+    )  # fmt: skip
+    document, back = _round_trip(trajectory)
+    results = [step.get("observation", {}).get("results") for step in document["steps"]]
+    assert {"content": "a", "source_call_id": "c1"} in [r for rs in results if rs for r in rs]
+    assert [t.next_state.observation for t in back.transitions] == [answered, stray]
 
 
 def test_the_atif_fields_carry_messages_reasoning_tokens_and_rewards(

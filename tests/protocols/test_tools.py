@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from llenvs_async.protocols import Call, CallResult, Parsed, ToolsProtocol
-from llenvs_async.types import Action
+from llenvs_async.types import Action, ToolReply
 from tests.protocols import corpus
 from tests.protocols.corpus import reply, tool_call
 
@@ -113,9 +113,9 @@ def test_cut_off_reply_runs_nothing_and_answers_its_calls() -> None:
     assert [c.kind for c in parsed.calls] == ["invalid", "invalid"]
     observation = TOOLS.observe(parsed, ())
     assert observation.data["parse_error"] == parsed.error
-    replies = observation.data["tool_replies"]
-    assert [r["tool_call_id"] for r in replies] == ["chatcmpl-tool-a1", "chatcmpl-tool-a2"]
-    assert all(parsed.error in r["content"] for r in replies)
+    replies = observation.tool_replies
+    assert [r.tool_call_id for r in replies] == ["chatcmpl-tool-a1", "chatcmpl-tool-a2"]
+    assert all(parsed.error in r.content for r in replies)
     assert TOOLS.parse(reply("```bash\nls\n```", finish_reason="length")).calls == ()
 
 
@@ -160,9 +160,10 @@ def test_observe_answers_every_call_in_order() -> None:
     results = [CallResult(c, t) for c, t in zip(parsed.calls, texts, strict=True)]
     observation = TOOLS.observe(parsed, results)
     assert "parse_error" not in observation.data
-    assert observation.data["tool_replies"] == [
-        {"tool_call_id": c.call_id, "content": t} for c, t in zip(parsed.calls, texts, strict=True)
-    ]
+    pairs = zip(parsed.calls, texts, strict=True)
+    assert observation.tool_replies == tuple(
+        ToolReply(tool_call_id=c.call_id, content=t) for c, t in pairs
+    )
     assert observation.text == (
         "[bash: cd /app && ls]\na.txt\n\n[bash: cat README.md]\n# readme\n\n"
         "[submit]\nSubmitted.\n\n[bash: rm -rf /app]\n(not run)\n\n"

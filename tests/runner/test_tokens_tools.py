@@ -27,6 +27,7 @@ from llenvs_async.env import BaseEnvironment, new_episode_id
 from llenvs_async.serialization import JsonlWriter, read_trajectories
 from llenvs_async.testing.chat_tokenizer import IM_END, ChatMLTokenizer
 from llenvs_async.testing.openai_server import serve_openai_compatible
+from llenvs_async.types import ToolReply
 
 ADD_TOOL = {
     "type": "function",
@@ -55,8 +56,8 @@ class AddEnv(BaseEnvironment):
         if state.step == 0:
             [call] = action.tool_calls
             args = json.loads(call["function"]["arguments"])
-            reply = {"tool_call_id": call["id"], "content": str(args["a"] + args["b"])}
-            observation = Observation(text=reply["content"], data={"tool_replies": [reply]})
+            reply = ToolReply(tool_call_id=call["id"], content=str(args["a"] + args["b"]))
+            observation = Observation(text=reply.content, tool_replies=(reply,))
             return StepResult.of(state.advance(action, observation))
         done = state.advance(action, Observation(text="ok"), terminated=True)
         return StepResult.of(done, 1.0 if action.text.strip() == "5" else 0.0)
@@ -172,10 +173,11 @@ class ShownAsCall(BaseEnvironment):
             "type": "function",
             "function": {"name": "bash", "arguments": json.dumps({"command": action.text})},
         }
-        reply = {"tool_call_id": call["id"], "content": f"ran {action.text}"}
-        data = {"shown_action": {"content": "", "tool_calls": [call]}, "tool_replies": [reply]}
+        reply = ToolReply(tool_call_id=call["id"], content=f"ran {action.text}")
+        data = {"shown_action": {"content": "", "tool_calls": [call]}}
         if state.step == 0:
-            return StepResult.of(state.advance(action, Observation(text="ran", data=data)))
+            ran = Observation(text="ran", data=data, tool_replies=(reply,))
+            return StepResult.of(state.advance(action, ran))
         return StepResult.of(state.advance(action, Observation(text="ok"), terminated=True), 1.0)
 
 
