@@ -19,7 +19,9 @@ __all__ = [
     "EnvFactory",
     "Environment",
     "RestoreFn",
+    "check_replayed",
     "new_episode_id",
+    "replay",
     "replay_restore",
 ]
 
@@ -251,20 +253,45 @@ class BaseEnvironment(AsyncResource):
         return None
 
 
+async def replay(
+    env: Environment,
+    task: int | str | None,
+    actions: Sequence[Action],
+    *,
+    seed: int | None = None,
+    until: Callable[[Action], bool] | None = None,
+) -> State:
+    """The one replay loop: reset ``env`` to ``task`` and step ``actions`` in order (stopping
+    before the first one ``until`` accepts); the state reached.
+
+    Raises ``RestoreError`` when the episode ends before the actions do.
+    """
+    current = await env.reset(task, seed=seed)
+    for i, action in enumerate(actions):
+        if until is not None and until(action):
+            break
+        if current.done:
+            raise RestoreError(
+                f"replay of task {task!r} ended after {i} of {len(actions)} actions",
+                task=task,
+                replayed=i,
+            )
+        current = (await env.step(current, action)).next_state
+    return current
+
+
 async def replay_restore(env: Environment, state: State) -> State:
     """Bring ``env`` to ``state`` by resetting to ``state.task`` and replaying ``state.actions``.
 
     Raises ``RestoreError`` when the replay ends early or lands on another step.
     """
-    current = await env.reset(state.task, seed=state.seed)
-    for i, action in enumerate(state.actions):
-        if current.done:
-            raise RestoreError(
-                f"replay of task {state.task!r} ended after {i} of {len(state.actions)} actions",
-                task=state.task,
-                replayed=i,
-            )
-        current = (await env.step(current, action)).next_state
+    current = await replay(env, state.task, state.actions, seed=state.seed)
+    check_replayed(current, state)
+    return current
+
+
+def check_replayed(current: State, state: State) -> None:
+    """``RestoreError`` unless a replay of ``state`` landed on its step."""
     if current.step != state.step:
         raise RestoreError(
             f"replay of task {state.task!r} reached step {current.step}, expected {state.step}",
@@ -272,4 +299,3 @@ async def replay_restore(env: Environment, state: State) -> State:
             expected_step=state.step,
             got_step=current.step,
         )
-    return current

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from ..adapters.harbor import (
     HarborAdapter,
     HarborEnvironment,
@@ -11,7 +9,6 @@ from ..adapters.harbor import (
     harbor_restore,
     start_at_step,
 )
-from ..adapters.harbor.environment import DEFAULT_COMMAND_TIMEOUT_SEC
 from ..adapters.harbor.oracle import dataset_oracle
 from ..docker.engine import DockerEngine
 from ..env import Environment
@@ -41,29 +38,12 @@ async def open_harbor(spec: SourceSpec) -> Source:
     """A Harbor source: one fresh container-backed instance per rollout, tasks keyed by name."""
     assert spec.dataset is not None
     options = spec.harbor
-    adapter = HarborAdapter(
-        allow_network=options.allow_network,
-        base_image_aliases=options.base_images,
-        build_network=options.build_network,
-        build_ca_bundle=options.build_ca_bundle,
-        provision_verifier=options.provision_verifier,
-        provision_index_url=options.provision_index_url,
-        runtime="gvisor" if options.runtime == "gvisor" else "runc",
-        artifacts_dir=options.artifacts_dir,
-        action_format=options.action_format,
-        max_format_errors=options.max_format_errors,
-        max_observation_chars=options.observation_chars,
-    )
+    adapter = HarborAdapter(settings=options)
     dataset = await adapter.get_dataset(spec.dataset)
     max_steps = spec.max_steps or DEFAULT_MAX_STEPS
-    command_timeout: float | Literal["task"] = (
-        options.command_timeout or DEFAULT_COMMAND_TIMEOUT_SEC
-    )
 
     async def factory() -> Environment:
-        return await adapter.get_environment(
-            spec.dataset or "", max_steps=max_steps, command_timeout_sec=command_timeout
-        )
+        return await adapter.get_environment(spec.dataset or "", max_steps=max_steps)
 
     def oracle(epsilon: float, seed: int) -> OraclePolicy:
         return dataset_oracle(dataset, epsilon=epsilon, seed=seed)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from enum import StrEnum
 from pathlib import Path
@@ -9,12 +10,11 @@ from typing import Annotated, Any
 
 import typer
 
+from ..adapters.harbor.settings import HarborSettings, HarborSettingsError
 from ..docker.shell_task import DEFAULT_MAX_OBSERVATION_CHARS
 from ..models import KNOWN_MODELS
-from ..protocols import PROTOCOLS
 from ._backend import BackendKind, BackendOptions
 from ._common import CliError
-from ._source_types import HarborOptions
 
 __all__ = [
     "ActionFormatOpt",
@@ -312,6 +312,26 @@ def _read_prompt(path: Path | None) -> str | None:
         raise CliError(f"--system-prompt {str(path)!r}: {exc.strerror or exc}") from None
 
 
+# The flag that sets each Harbor setting (how a settings error is worded here).
+HARBOR_FLAGS = {
+    "allow_network": "--allow-network", "base_image_aliases": "--base-image",
+    "build_network": "--build-network", "build_ca_bundle": "--build-ca-bundle",
+    "provision_verifier": "--provision-verifier", "provision_index_url": "--provision-index-url",
+    "runtime": "--runtime", "artifacts_dir": "--artifacts-dir", "start_step": "--start-step",
+    "action_format": "--action-format", "max_format_errors": "--max-format-errors",
+    "max_observation_chars": "--observation-chars", "command_timeout_sec": "--command-timeout",
+}  # fmt: skip
+
+
+def harbor_settings(base: HarborSettings | None = None, **values: Any) -> HarborSettings:
+    """``HarborSettings(**values)`` (``base`` with ``values`` changed), a broken rule worded
+    with the flags (``CliError``)."""
+    try:
+        return HarborSettings(**values) if base is None else dataclasses.replace(base, **values)
+    except HarborSettingsError as exc:
+        raise CliError(exc.wording(HARBOR_FLAGS)) from None
+
+
 def harbor_options(
     base_images: list[str] | None,
     build_network: bool,
@@ -327,8 +347,8 @@ def harbor_options(
     action_format: str = "text",
     max_format_errors: int = 3,
     observation_chars: int = DEFAULT_MAX_OBSERVATION_CHARS,
-) -> HarborOptions:
-    """Bundle and validate the Harbor flags."""
+) -> HarborSettings:
+    """The Harbor flags as one ``HarborSettings`` (its rules checked there)."""
     from ..adapters.harbor.image import parse_alias
 
     pairs = []
@@ -337,39 +357,15 @@ def harbor_options(
             pairs.append(parse_alias(text))
         except ValueError as exc:
             raise CliError(f"--base-image: {exc}") from None
-    if build_ca_bundle is not None:
-        path = Path(build_ca_bundle).expanduser()
-        if not path.is_file():
-            raise CliError(f"--build-ca-bundle {build_ca_bundle!r}: no such file")
-        build_ca_bundle = str(path.resolve())
-    if provision_verifier and not build_network:
-        raise CliError("--provision-verifier fetches at build time: it needs --build-network")
-    if provision_index_url is not None and not provision_verifier:
-        raise CliError("--provision-index-url is the index of --provision-verifier")
-    if command_timeout is not None and not command_timeout > 0:
-        raise CliError(f"--command-timeout must be > 0 seconds, got {command_timeout}")
-    if runtime not in ("runc", "gvisor"):
-        raise CliError(f"--runtime must be 'runc' or 'gvisor', got {runtime!r}")
-    if artifacts_dir is not None:
-        if artifacts_dir.exists() and not artifacts_dir.is_dir():
-            raise CliError(f"--artifacts-dir {str(artifacts_dir)!r} is not a directory")
-        artifacts_dir = artifacts_dir.expanduser().resolve()
-    if start_step is not None and not start_step.strip():
-        raise CliError("--start-step needs a step name")
-    if action_format not in PROTOCOLS:
-        raise CliError(
-            f"--action-format must be one of {', '.join(PROTOCOLS)}, got {action_format!r}"
-        )
-    if max_format_errors < 1:
-        raise CliError(f"--max-format-errors must be >= 1, got {max_format_errors}")
-    if observation_chars < 64:
-        raise CliError(f"--observation-chars must be >= 64, got {observation_chars}")
-    return HarborOptions(
-        base_images=tuple(pairs), build_network=build_network, build_ca_bundle=build_ca_bundle,
-        allow_network=allow_network, command_timeout=command_timeout,
+    timeout: dict[str, Any] = (
+        {} if command_timeout is None else {"command_timeout_sec": command_timeout}
+    )
+    return harbor_settings(
+        base_image_aliases=tuple(pairs), build_network=build_network,
+        build_ca_bundle=build_ca_bundle, allow_network=allow_network,
         provision_verifier=provision_verifier, runtime=runtime,
         artifacts_dir=None if artifacts_dir is None else str(artifacts_dir),
         start_step=start_step, provision_index_url=provision_index_url,
         action_format=action_format, max_format_errors=max_format_errors,
-        observation_chars=observation_chars,
+        max_observation_chars=observation_chars, **timeout,
     )  # fmt: skip

@@ -16,18 +16,13 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from ..serialization import SerializationError, read_jsonl
-from ..serialization.results import (
-    ResultRecord,
-    ResultsError,
-    parse_result,
-    record_fields,
-    unique_by_key,
-)
+from ..serialization.results import ResultRecord, ResultsError, parse_result, unique_by_key
 from ..types import Trajectory
 from ._common import CliError
+from ._source_types import SourceSpec
 
 __all__ = [
-    "ResultRecord",
+    "RunRecord",
     "load_results",
     "print_summary",
     "record_fields",
@@ -38,13 +33,21 @@ __all__ = [
 ]
 
 
-def load_results(path: Path) -> list[ResultRecord]:
+RunRecord = ResultRecord[SourceSpec]
+
+
+def record_fields(task: int | str, rollout: int, source: SourceSpec) -> dict[str, object]:
+    """The fields ``run`` stores next to each trajectory: its key and its source."""
+    return {"key": {"task": task, "rollout": rollout}, "source": source.to_json()}
+
+
+def load_results(path: Path) -> list[RunRecord]:
     """Every record of a results file (a truncated last line is ignored)."""
     if not path.is_file():
         raise CliError(f"results file {str(path)!r} does not exist")
     try:
         return [
-            parse_result(record, f"{path}: record {number}")
+            parse_result(record, f"{path}: record {number}", SourceSpec.from_json)
             for number, record in enumerate(read_jsonl(path), start=1)
         ]
     except ResultsError as exc:
@@ -53,7 +56,7 @@ def load_results(path: Path) -> list[ResultRecord]:
         raise CliError(f"{path}: {exc}", code=1) from None
 
 
-def summary_table(records: Sequence[ResultRecord], title: str) -> Table:
+def summary_table(records: Sequence[RunRecord], title: str) -> Table:
     """Per-task rollouts, success rate, mean return, mean steps and errors, plus a total row;
     a "why 0 / error" column when a rollout failed (its error's type and first line) or a
     verifier scored 0 without an error (its output's telling line). Task names in full."""

@@ -14,11 +14,10 @@ from ..envs import ArithmeticEnv, ChainEnv, CounterEnv
 from ..policies import arithmetic_oracle, chain_oracle, counter_oracle
 from ._common import CliError
 from ._harbor import open_harbor
-from ._source_types import BUILTIN_ENVS, HarborOptions, Source, SourceSpec, TaskRef
+from ._source_types import BUILTIN_ENVS, Source, SourceSpec, TaskRef
 
 __all__ = [
     "BUILTIN_ENVS",
-    "HarborOptions",
     "Source",
     "SourceSpec",
     "TaskRef",

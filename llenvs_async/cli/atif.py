@@ -20,8 +20,9 @@ import typer
 from ..serialization import JsonlWriter
 from ..types import Trajectory
 from ._common import CliError, console
+from ._options import harbor_settings
 from ._results import record_fields
-from ._source_types import HarborOptions, SourceSpec
+from ._source_types import SourceSpec
 
 __all__ = ["import_atif", "task_identity"]
 
@@ -61,7 +62,7 @@ def import_atif(
         raise CliError(f"--action-format must be 'text' or 'tools', got {action_format!r}")
     if not out.parent.is_dir():
         raise CliError(f"--output {str(out)!r}: directory {str(out.parent)!r} does not exist")
-    harbor = HarborOptions(action_format=action_format)
+    harbor = harbor_settings(action_format=action_format)
     given = None if dataset is None else SourceSpec.from_flags(dataset, None, max_steps, harbor)
     rollouts: dict[int | str | None, int] = {}
     records: list[tuple[Trajectory, int | str, int, SourceSpec]] = []

@@ -20,7 +20,7 @@ from ..types import State
 from . import _options as opt
 from ._backend import BackendKind, BackendOptions, open_runner
 from ._common import CliError, console, err_console, run_async
-from ._results import ResultRecord, load_results, record_fields, unique_by_key
+from ._results import RunRecord, load_results, record_fields, unique_by_key
 from ._sources import SourceSpec, open_source
 from .plot import EstimatePanel, matplotlib_available, plot_estimates
 
@@ -136,11 +136,8 @@ def q_values(
                         extra_actions=tuple(action or ()), file_actions=file_actions)  # fmt: skip
     source = sources.pop()
     if runtime is not None:
-        if runtime not in ("runc", "gvisor"):
-            raise CliError(f"--runtime must be 'runc' or 'gvisor', got {runtime!r}")
-        source = dataclasses.replace(
-            source, harbor=dataclasses.replace(source.harbor, runtime=runtime)
-        )
+        harbor = opt.harbor_settings(source.harbor, runtime=runtime)
+        source = dataclasses.replace(source, harbor=harbor)
     mode: Failures = failures.value
     rows = run_async(
         lambda: _estimate(
@@ -172,7 +169,7 @@ def q_values(
 
 
 def pick_states(
-    records: list[ResultRecord],
+    records: list[RunRecord],
     *,
     step: int | None,
     tasks: list[str],
@@ -209,7 +206,7 @@ def _matches(task: int | str, selectors: list[str]) -> bool:
     return str(task) in selectors or str(task).rsplit("/", 1)[-1] in selectors
 
 
-def _taken_at(state: State, task: int | str, records: list[ResultRecord]) -> tuple[str, ...]:
+def _taken_at(state: State, task: int | str, records: list[RunRecord]) -> tuple[str, ...]:
     """The actions the file's trajectories of ``task`` took from ``state``'s action prefix:
     the command a shell step ran (a candidate is a command as written), else the text."""
     prefix = [a.text for a in state.actions]

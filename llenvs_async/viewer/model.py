@@ -15,6 +15,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from ..errors import LlenvsError
@@ -22,13 +23,15 @@ from ..serialization import SerializationError, iter_jsonl
 from ..serialization.results import (
     ResultRecord,
     ResultsError,
-    SourceSpec,
     parse_result,
     unique_by_key,
 )
 from ..types import Trajectory
 
 __all__ = ["ViewerInputError", "load_files", "trajectory_detail"]
+
+Record = ResultRecord[Mapping[str, Any]]  # the viewer shows no source: it keeps its JSON
+_NO_SOURCE: Mapping[str, Any] = MappingProxyType({})
 
 Json = dict[str, Any]
 _HINT = (
@@ -117,12 +120,12 @@ def _is_atif(path: Path) -> bool:
     return isinstance(data, dict) and str(data.get("schema_version", "")).startswith("ATIF-")
 
 
-def _read_atif(path: Path) -> list[tuple[ResultRecord, str | None]]:
+def _read_atif(path: Path) -> list[tuple[Record, str | None]]:
     """ATIF trajectories as run records: the task they name, else their trial's directory
     (``<trial>/agent/trajectory.json``) or file name; rollouts numbered per task."""
     from ..serialization.atif import AtifError, find_atif_files, from_atif, read_atif
 
-    out: list[tuple[ResultRecord, str | None]] = []
+    out: list[tuple[Record, str | None]] = []
     counts: dict[int | str, int] = {}
     try:
         for file in find_atif_files(path):
@@ -131,9 +134,7 @@ def _read_atif(path: Path) -> list[tuple[ResultRecord, str | None]]:
             task = trajectory.initial_state.task
             key: int | str = trial if task is None else task
             counts[key] = counts.get(key, -1) + 1
-            record = ResultRecord(
-                task=key, rollout=counts[key], source=SourceSpec(), trajectory=trajectory
-            )
+            record = Record(task=key, rollout=counts[key], source=_NO_SOURCE, trajectory=trajectory)
             out.append((record, None))
     except AtifError as exc:
         raise ViewerInputError(str(exc), path=str(path)) from None
@@ -148,9 +149,9 @@ def _first_char(path: Path) -> str:
     return chunk[:1].decode("latin-1")
 
 
-def _read_results(path: Path) -> list[tuple[ResultRecord, str | None]]:
+def _read_results(path: Path) -> list[tuple[Record, str | None]]:
     """Each record with the id of the estimate it is a rollout of (None: a run's record)."""
-    out: list[tuple[ResultRecord, str | None]] = []
+    out: list[tuple[Record, str | None]] = []
     number = 0
     try:
         for number, record in iter_jsonl(path):
@@ -255,7 +256,7 @@ def _estimate(item: Any, where: str) -> Json:
 # -- the document ------------------------------------------------------------------------
 
 
-def _run_row(ident: int, file: int, record: ResultRecord) -> Json:
+def _run_row(ident: int, file: int, record: Record) -> Json:
     t = record.trajectory
     error = t.error
     return {

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from llenvs_async.serialization.results import ResultsError
+
 from .conftest import CLI, EXAMPLE_TASKS, Invoke
 
 
@@ -167,16 +169,26 @@ def test_run_where_every_task_fails_to_start_is_one_line(
 
 
 def test_harbor_options_are_recorded_with_the_source() -> None:
-    from llenvs_async.cli._sources import HarborOptions, SourceSpec
+    from llenvs_async.adapters.harbor import HarborSettings
+    from llenvs_async.cli._sources import SourceSpec
 
-    options = HarborOptions(
-        base_images=(("python:3.*", "llenvs/python:3-bookworm"),), build_network=True,
-        allow_network=True, command_timeout=30.0,
+    options = HarborSettings(
+        base_image_aliases=(("python:3.*", "llenvs/python:3-bookworm"),), build_network=True,
+        allow_network=True, command_timeout_sec=30.0,
     )  # fmt: skip
     spec = SourceSpec.from_flags(str(EXAMPLE_TASKS), None, None, options)
     data = spec.to_json()
-    assert data["harbor"]["base_images"] == [["python:3.*", "llenvs/python:3-bookworm"]]
+    assert data["harbor"]["base_image_aliases"] == [["python:3.*", "llenvs/python:3-bookworm"]]
     assert SourceSpec.from_json(data, "x") == spec
+    # A file written before HarborSettings (its names, None for the default timeout) reads.
+    old = {**data, "harbor": {"base_images": [["python:3.*", "llenvs/python:3-bookworm"]],
+                              "build_network": True, "allow_network": True,
+                              "command_timeout": 30.0, "observation_chars": 10_000}}  # fmt: skip
+    assert SourceSpec.from_json(old, "x") == spec
+    older = {**data, "harbor": {"command_timeout": None}}
+    assert SourceSpec.from_json(older, "x").harbor == HarborSettings()
+    with pytest.raises(ResultsError, match=r"f: harbor: provision_verifier fetches.*build_network"):
+        SourceSpec.from_json({**data, "harbor": {"provision_verifier": True}}, "f")
     plain = SourceSpec.from_flags(str(EXAMPLE_TASKS), None, None)
     assert "harbor" not in plain.to_json()  # files written before these flags still match
     assert SourceSpec.from_json(plain.to_json(), "x") == plain

@@ -17,6 +17,7 @@ from .config import (
     TaskInfo,
     VerifierConfig,
 )
+from .consistency import collect_probes, default_probes, validate_replay_consistency
 from .dataset import HarborDataset, load_local_dataset
 from .environment import HarborEnvironment, HarborRuntime
 from .image import BuildSettings, ImageResolver, TaskImages, normalise_image_ref
@@ -36,8 +37,8 @@ from .registry import (
     parse_registry,
     split_dataset_spec,
 )
-from .replay import collect_probes, default_probes, validate_replay_consistency
 from .restore import harbor_restore
+from .settings import HarborSettings, HarborSettingsError
 from .snapshot import SnapshotRestore, SnapshotStats
 from .steps import oracle_actions, start_at_step
 from .task import HarborTask, TaskStep, load_task
@@ -58,6 +59,8 @@ __all__ = [
     "HarborDataset",
     "HarborEnvironment",
     "HarborRuntime",
+    "HarborSettings",
+    "HarborSettingsError",
     "HarborTask",
     "ImageResolver",
     "NetworkMode",

@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from ...env import Environment
+from ...env import Environment, check_replayed, replay
 from ...errors import RestoreError
 from ...types import State
 from .environment import HarborEnvironment
@@ -86,16 +86,8 @@ async def replay_prefix(env: HarborEnvironment, state: State) -> State:
     """Reset to ``state.task`` and replay ``state.actions`` with the budget disabled; the
     state reached (budget not re-anchored yet)."""
     with env.replaying():
-        current = await env.reset(state.task, seed=state.seed)
-        for action in state.actions:
-            current = (await env.step(current, action)).next_state
-    if current.step != state.step:
-        raise RestoreError(
-            f"replay of task {saved_hidden(state)['task_name']!r} reached step {current.step}, "
-            f"expected {state.step}",
-            expected_step=state.step,
-            got_step=current.step,
-        )
+        current = await replay(env, state.task, state.actions, seed=state.seed)
+    check_replayed(current, state)
     return current
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from llenvs_async.adapters.harbor import HarborAdapter
+from llenvs_async.adapters.harbor import HarborAdapter, HarborSettings
 from llenvs_async.adapters.harbor.provision import (
     detect_provision,
     offline_test_sh,
@@ -18,7 +18,6 @@ from llenvs_async.adapters.harbor.provision import (
     rewrite_test_sh,
 )
 from llenvs_async.cli import main
-from llenvs_async.cli._sources import HarborOptions
 from llenvs_async.docker.engine import DockerEngine
 
 from ._local_index import WHEELS, cached_packages, serve, simple_tree
@@ -150,6 +149,6 @@ def test_the_index_url_reaches_both_downloads_and_needs_provisioning() -> None:
 
 
 def test_the_flag_is_recorded_with_the_results() -> None:
-    options = HarborOptions(build_network=True, provision_verifier=True)
-    assert HarborOptions.from_json(options.to_json()) == options
-    assert HarborOptions.from_json({}).provision_verifier is False  # older results files
+    options = HarborSettings(build_network=True, provision_verifier=True)
+    assert HarborSettings.from_json(options.to_json()) == options
+    assert HarborSettings.from_json({}).provision_verifier is False  # older results files

@@ -22,7 +22,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ...env import EnvFactory
+from ...env import EnvFactory, replay
 from ...types import Action, Trajectory
 from .environment import HarborEnvironment
 
@@ -72,11 +72,7 @@ async def _trial(
         if not isinstance(env, HarborEnvironment):
             raise TypeError(f"env_factory must make HarborEnvironments, got {type(env).__name__}")
         with env.replaying():
-            state = await env.reset(task_index)
-            for action in actions:
-                if env.is_submit(action):
-                    break
-                state = (await env.step(state, action)).next_state
+            await replay(env, task_index, actions, until=env.is_submit)
         name = env.dataset.tasks[task_index].name
         return name, await collect_probes(env, probe_commands)
 
