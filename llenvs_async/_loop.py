@@ -10,6 +10,8 @@ import os
 from collections.abc import Callable, Coroutine
 from typing import Any, Literal, TypeVar
 
+from .errors import MissingExtraError
+
 __all__ = ["LoopKind", "loop_factory", "resolve_loop", "run"]
 
 T = TypeVar("T")
@@ -24,7 +26,7 @@ def resolve_loop(kind: str | None = None) -> Literal["asyncio", "uvloop"]:
         raise ValueError(f"{_ENV} / loop must be auto, asyncio or uvloop, got {kind!r}")
     available = importlib.util.find_spec("uvloop") is not None
     if kind == "uvloop" and not available:
-        raise ValueError("uvloop is not installed: pip install 'llenvs-async[uvloop]'")
+        raise MissingExtraError(f"{_ENV}=uvloop", extra="uvloop", package="uvloop")
     if kind == "auto":
         return "uvloop" if available else "asyncio"
     return kind  # type: ignore[return-value]

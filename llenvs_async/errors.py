@@ -25,6 +25,7 @@ __all__ = [
     "GvisorUnavailableError",
     "ImageError",
     "LlenvsError",
+    "MissingExtraError",
     "RestoreError",
     "RolloutsFailedError",
     "StaleStateError",
@@ -164,6 +165,18 @@ class DockerUnavailableError(ContainerError):
 
 class GvisorUnavailableError(ContainerError):
     """gVisor cannot run here: ``runsc`` (or root, or what it needs) is missing; says which."""
+
+
+class MissingExtraError(LlenvsError, ImportError):
+    """An optional dependency is missing or does not import; ``extra`` names what installs it
+    (``pip install 'llenvs-async[<extra>]'``). The one error for every extra."""
+
+    def __init__(
+        self, what: str, *, extra: str, package: str, note: str = "", cause: str = ""
+    ) -> None:
+        message = f"{what} needs {package}{note}: pip install 'llenvs-async[{extra}]'"
+        super().__init__(message + (f" ({cause})" if cause else ""), extra=extra, package=package)
+        self.extra, self.package = extra, package
 
 
 class ImageError(ContainerError):

@@ -27,6 +27,8 @@ from typing import Annotated, Any
 
 import typer
 
+from .._extras import import_extra
+from ..errors import MissingExtraError
 from ..serialization import SerializationError, from_dict, read_jsonl
 from ..types import Trajectory
 from ._common import CliError, console
@@ -161,22 +163,21 @@ def _schema() -> Any:
 def write_rows(rows: Sequence[dict[str, Any]], out: Path, fmt: ExportFormat) -> Path:
     """Write ``rows`` under ``out`` (created); returns the file or directory written."""
     try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError as exc:
-        raise CliError(f"export needs pyarrow: pip install 'llenvs-async[export]' ({exc})") from exc
+        pa = import_extra("pyarrow", extra="export", what="export", package="pyarrow")
+        pq = import_extra("pyarrow.parquet", extra="export", what="export", package="pyarrow")
+        datasets = None
+        if fmt is not ExportFormat.parquet:
+            datasets = import_extra("datasets", extra="export", what="--format hf",
+                                    package="datasets")  # fmt: skip
+    except MissingExtraError as exc:
+        raise CliError(str(exc)) from exc
     table = pa.Table.from_pylist(list(rows), schema=_schema())
     out.mkdir(parents=True, exist_ok=True)
     if fmt is ExportFormat.parquet:
         target = out / PARQUET_FILE
         pq.write_table(table, target)
         return target
-    try:
-        import datasets
-    except ImportError as exc:
-        raise CliError(
-            f"--format hf needs datasets: pip install 'llenvs-async[export]' ({exc})"
-        ) from exc
+    assert datasets is not None
     datasets.Dataset(table).save_to_disk(str(out))
     return out
 

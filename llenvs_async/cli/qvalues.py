@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from ..errors import MissingExtraError
 from ..estimation import Failures, ValueEstimate, estimate_q_values, estimate_values
 from ..serialization import JsonlWriter
 from ..types import State
@@ -165,7 +166,7 @@ def q_values(
         plot_estimates(panels, path)
         console.print(f"plot: {path}")
     elif plot is not None:
-        raise CliError("--plot needs matplotlib (pip install 'llenvs-async[plot]')", code=1)
+        raise CliError(str(MissingExtraError("--plot", extra="plot", package="matplotlib")), code=1)
 
 
 def pick_states(

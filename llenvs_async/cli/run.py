@@ -12,9 +12,10 @@ import anyio
 import typer
 
 from .. import _timing
+from .._extras import import_extra
 from .._shield import shielded
 from ..env import EnvFactory, Environment, replay_restore
-from ..errors import DockerUnavailableError
+from ..errors import DockerUnavailableError, MissingExtraError
 from ..serialization import JsonlWriter
 from ..types import ErrorInfo, Observation, State, Trajectory
 from . import _options as opt
@@ -240,10 +241,11 @@ def _on_ray(address: str | None) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         if address is not None:
             try:
-                from ..distributed.ray import RayConnectError, connect
-            except ImportError as exc:
-                hint = "pip install 'llenvs-async[ray]'"
-                raise CliError(f"--ray-address needs Ray: {hint} ({exc})") from None
+                ray = import_extra("llenvs_async.distributed.ray", extra="ray", package="Ray",
+                                   what="--ray-address")  # fmt: skip
+            except MissingExtraError as exc:
+                raise CliError(str(exc)) from None
+            RayConnectError, connect = ray.RayConnectError, ray.connect
             try:
                 stack.enter_context(connect(address))
             except RayConnectError as exc:

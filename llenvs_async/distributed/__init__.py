@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .._extras import import_extra
 from .errors import InstanceLostError, PlacementTimeoutError, RayConnectError, RemoteEnvError
 from .local import LocalRayCluster
 
@@ -52,11 +53,7 @@ _RAY_NAMES = frozenset(
 
 def __getattr__(name: str) -> Any:
     if name in _RAY_NAMES:
-        try:
-            from . import ray as _ray
-        except ImportError as exc:
-            raise ImportError(
-                f"llenvs_async.distributed.{name} needs Ray: pip install 'llenvs-async[ray]'"
-            ) from exc
-        return getattr(_ray, name)
+        ray = import_extra("llenvs_async.distributed.ray", extra="ray", package="Ray",
+                           what=f"llenvs_async.distributed.{name}")  # fmt: skip
+        return getattr(ray, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

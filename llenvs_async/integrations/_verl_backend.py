@@ -14,17 +14,18 @@ from llenvs_async import (
     ContextLengthError,
     GenerationError,
     GenerationRequest,
-    LlenvsError,
     SamplingParams,
 )
+
+from ..errors import MissingExtraError
 
 __all__ = ["VerlServerBackend", "VerlUnavailableError"]
 
 _PROGRAMMING_ERRORS = (TypeError, AttributeError, NameError)  # bugs: never mapped to ours
 
 
-class VerlUnavailableError(LlenvsError, ImportError):
-    """verl (its agent loop module) is not installed or does not import (the ``verl`` extra)."""
+# The name this module's error had before every extra shared one (kept for ``except`` clauses).
+VerlUnavailableError = MissingExtraError
 
 
 class VerlServerBackend:

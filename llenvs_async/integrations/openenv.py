@@ -26,9 +26,8 @@ Consume: any OpenEnv server as an environment of ours (non-pure, one session eac
 
 from __future__ import annotations
 
-import importlib
-
-from llenvs_async import LlenvsError
+from .._extras import import_extra
+from ..errors import MissingExtraError
 
 __all__ = [
     "OpenEnvEnvironment",
@@ -40,22 +39,14 @@ __all__ = [
     "serving",
 ]
 
-_INSTALL_HINT = "pip install 'llenvs-async[openenv]'"
-
-
-class OpenEnvUnavailableError(LlenvsError, ImportError):
-    """OpenEnv is not installed (the ``openenv`` extra)."""
+# The name this module's error had before every extra shared one (kept for ``except`` clauses).
+OpenEnvUnavailableError = MissingExtraError
 
 
 def require_openenv() -> str:
-    """OpenEnv's version; ``OpenEnvUnavailableError`` naming the extra when it is missing."""
-    try:
-        importlib.import_module("openenv.core.env_server.http_server")
-    except ImportError as exc:
-        raise OpenEnvUnavailableError(
-            f"llenvs_async.integrations.openenv needs OpenEnv: {_INSTALL_HINT} ({exc})",
-            extra="openenv",
-        ) from exc
+    """OpenEnv's version; ``MissingExtraError`` naming the extra when it is missing."""
+    import_extra("openenv.core.env_server.http_server", extra="openenv",
+                 what="llenvs_async.integrations.openenv", package="OpenEnv")  # fmt: skip
     from importlib.metadata import PackageNotFoundError, version
 
     try:

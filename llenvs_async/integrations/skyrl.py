@@ -48,12 +48,14 @@ prompt and of response, masked (SkyRL needs a non-empty response).
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from llenvs_async import LlenvsError, Trajectory, TrajectoryRunner
+
+from .._extras import import_extra
+from ..errors import MissingExtraError
 
 __all__ = [
     "Failures",
@@ -68,11 +70,8 @@ _log = logging.getLogger("llenvs_async.integrations.skyrl")
 
 Failures = Literal["exclude", "zero", "raise"]
 _FAILURES = ("exclude", "zero", "raise")
-_INSTALL_HINT = "pip install 'llenvs-async[skyrl]'"
-
-
-class SkyRLUnavailableError(LlenvsError, ImportError):
-    """SkyRL's generator interface is not installed or does not import (the ``skyrl`` extra)."""
+# The name this module's error had before every extra shared one (kept for ``except`` clauses).
+SkyRLUnavailableError = MissingExtraError
 
 
 def skyrl_generator(
@@ -287,12 +286,8 @@ def _metrics(trajectory: Trajectory) -> dict[str, Any]:
 
 
 def _require_skyrl() -> Any:
-    """SkyRL's ``skyrl.train.generators.base``; ``SkyRLUnavailableError`` naming the extra."""
-    try:
-        return importlib.import_module("skyrl.train.generators.base")
-    except Exception as exc:  # SkyRL fails on Python < 3.12 with a pydantic error, not ImportError
-        raise SkyRLUnavailableError(
-            f"llenvs_async.integrations.skyrl needs SkyRL's generator interface "
-            f"(Python >= 3.12): {_INSTALL_HINT} ({type(exc).__name__}: {exc})",
-            extra="skyrl",
-        ) from exc
+    """SkyRL's ``skyrl.train.generators.base``; ``MissingExtraError`` naming the extra."""
+    # SkyRL fails on Python < 3.12 with a pydantic error, not an ImportError: any error counts.
+    return import_extra("skyrl.train.generators.base", extra="skyrl", catch_all=True,
+                        what="llenvs_async.integrations.skyrl", note=" (Python >= 3.12)",
+                        package="SkyRL's generator interface")  # fmt: skip

@@ -78,7 +78,6 @@ when ``sync_weights=True``.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import math
 import weakref
@@ -95,6 +94,8 @@ from llenvs_async import (
     TrajectoryRunner,
 )
 
+from .._extras import import_extra
+from ..errors import MissingExtraError
 from ._bridge import LoopThread
 
 __all__ = [
@@ -116,11 +117,8 @@ context is exited there by ``close()``."""
 
 _FAILURES = ("exclude", "zero", "raise")
 _REQUIRED_KEYS = ("prompt_ids", "completion_ids", "logprobs")
-_INSTALL_HINT = "pip install 'llenvs-async[trl]'"
-
-
-class TRLUnavailableError(LlenvsError, ImportError):
-    """TRL is not installed (the ``trl`` extra)."""
+# The name this module's error had before every extra shared one (kept for ``except`` clauses).
+TRLUnavailableError = MissingExtraError
 
 
 def rollout_func(
@@ -399,11 +397,6 @@ def _pad_token_id(trainer: Any) -> int:
 
 
 def _require_trl() -> str:
-    """TRL's version; ``TRLUnavailableError`` naming the extra when it is missing."""
-    try:
-        trl = importlib.import_module("trl")
-    except ImportError as exc:
-        raise TRLUnavailableError(
-            f"llenvs_async.integrations.trl needs TRL: {_INSTALL_HINT} ({exc})", extra="trl"
-        ) from exc
+    """TRL's version; ``MissingExtraError`` naming the extra when it is missing."""
+    trl = import_extra("trl", extra="trl", what="llenvs_async.integrations.trl", package="TRL")
     return str(getattr(trl, "__version__", "unknown"))

@@ -68,6 +68,9 @@ from urllib.parse import urlparse
 
 from llenvs_async import LlenvsError
 
+from .._extras import import_extra
+from ..errors import MissingExtraError
+
 __all__ = [
     "PLUGIN_ID",
     "TURN_TOKENS_KEY",
@@ -86,23 +89,17 @@ PLUGIN_ID = "llenvs_async_verifiers"
 TURN_TOKENS_KEY = "llenvs_turn_tokens"
 """The ``trace.info`` key of every turn's token ids (a list of dumped ``TurnTokens``)."""
 
-_INSTALL_HINT = "pip install 'llenvs-async[verifiers]'"
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-class VerifiersUnavailableError(LlenvsError, ImportError):
-    """verifiers (v1) is not installed (the ``verifiers`` extra)."""
+# The name this module's error had before every extra shared one (kept for ``except`` clauses).
+VerifiersUnavailableError = MissingExtraError
 
 
 def load_plugin() -> ModuleType:
     """Import and register the plugin (taskset and harness under ``PLUGIN_ID``)."""
-    try:
-        importlib.import_module("verifiers.v1")
-    except ImportError as exc:
-        raise VerifiersUnavailableError(
-            f"llenvs_async.integrations.verifiers needs verifiers 0.4: {_INSTALL_HINT} ({exc})",
-            extra="verifiers",
-        ) from exc
+    import_extra("verifiers.v1", extra="verifiers", what="llenvs_async.integrations.verifiers",
+                 package="verifiers 0.4")  # fmt: skip
     return importlib.import_module("llenvs_async.integrations._verifiers_plugin")
 
 

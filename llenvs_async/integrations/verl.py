@@ -61,6 +61,7 @@ from llenvs_async import (
     TrajectoryRunner,
 )
 
+from .._extras import import_extra
 from ._verl_backend import VerlServerBackend, VerlUnavailableError
 
 __all__ = [
@@ -77,7 +78,6 @@ _log = logging.getLogger("llenvs_async.integrations.verl")
 
 Failures = Literal["exclude", "zero", "raise"]
 _FAILURES = ("exclude", "zero", "raise")
-_INSTALL_HINT = "pip install 'llenvs-async[verl]'"
 
 
 def sampling_params_of(verl_params: Mapping[str, Any], max_tokens: int) -> SamplingParams:
@@ -193,13 +193,9 @@ async def _close(environment: Environment) -> None:
 
 
 def _require_verl() -> Any:
-    """verl's ``agent_loop`` module; ``VerlUnavailableError`` naming the extra otherwise."""
-    try:
-        return importlib.import_module("verl.experimental.agent_loop.agent_loop")
-    except ImportError as exc:
-        raise VerlUnavailableError(
-            f"llenvs_async.integrations.verl needs verl: {_INSTALL_HINT} ({exc})", extra="verl"
-        ) from exc
+    """verl's ``agent_loop`` module; ``MissingExtraError`` naming the extra otherwise."""
+    return import_extra("verl.experimental.agent_loop.agent_loop", extra="verl",
+                        what="llenvs_async.integrations.verl", package="verl")  # fmt: skip
 
 
 _classes: dict[str, type] = {}

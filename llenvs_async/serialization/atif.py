@@ -16,14 +16,14 @@ models: ``pip install 'llenvs-async[atif]'``).
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..errors import LlenvsError
+from .._extras import import_extra
+from ..errors import MissingExtraError
 from ..types import (
     Action,
     ActionPath,
@@ -61,8 +61,8 @@ TRAJECTORY_FILE = Path("agent") / "trajectory.json"
 """Where a Harbor trial keeps its trajectory: ``<trial dir>/agent/trajectory.json``."""
 
 
-class AtifUnavailableError(LlenvsError, ImportError):
-    """``validate`` needs Harbor's models, which are not installed."""
+# The name this module's error had before every extra shared one (kept for ``except`` clauses).
+AtifUnavailableError = MissingExtraError
 
 
 def to_atif(
@@ -388,12 +388,8 @@ def iter_atif(paths: Sequence[Path]) -> Iterator[tuple[Path, dict[str, Any]]]:
 def validate(document: Mapping[str, Any]) -> Any:
     """``document`` checked by Harbor's own pydantic models: the ``Trajectory`` model, or
     ``AtifError`` saying what is wrong. Needs the ``atif`` extra."""
-    try:
-        models = importlib.import_module("harbor.models.trajectories")
-    except ImportError as exc:
-        raise AtifUnavailableError(
-            f"validating ATIF needs Harbor's models: pip install 'llenvs-async[atif]' ({exc})"
-        ) from exc
+    models = import_extra("harbor.models.trajectories", extra="atif",
+                          what="validating ATIF", package="Harbor's models")  # fmt: skip
     from pydantic import ValidationError
 
     try:
