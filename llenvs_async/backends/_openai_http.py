@@ -15,9 +15,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from ..errors import BackendError, BackendTimeoutError, ContextLengthError
+from ..errors import BackendError, ContextLengthError
 from ._openai_wire import MalformedResponse
-from ._outcomes import context_overflow, request_error
+from ._outcomes import context_overflow, http_failure, request_error
 
 __all__ = ["ServerClient", "api_root", "is_rejection", "parse_body"]
 
@@ -79,11 +79,9 @@ class ServerClient:
                 raise BackendError(f"POST {url} cannot be sent: {exc}", url=url) from exc
             except httpx.TransportError as exc:  # timeouts included: retried alike
                 if attempt >= self.max_retries:
-                    raise self._gave_up(url, attempt + 1, exc) from exc
+                    raise http_failure("POST", url, exc, attempts=attempt + 1) from exc
             except httpx.HTTPError as exc:
-                raise BackendError(
-                    f"POST {url} failed: {type(exc).__name__}: {exc}", url=url
-                ) from exc
+                raise http_failure("POST", url, exc) from exc
             else:
                 status = response.status_code
                 if status < 300:
@@ -100,18 +98,6 @@ class ServerClient:
                 retry_after = _retry_after(response.headers.get("retry-after"))
             await self.sleep(self.delay(attempt, retry_after))
             attempt += 1
-
-    def _gave_up(self, url: str, attempts: int, exc: httpx.TransportError) -> BackendError:
-        """The error for a POST whose last retry failed in transport (a timeout or else)."""
-        if isinstance(exc, httpx.TimeoutException):
-            return BackendTimeoutError(
-                f"POST {url} timed out after {attempts} attempt(s) "
-                f"({type(exc).__name__}, timeout {self.timeout.read}s)",
-                url=url,
-            )
-        return BackendError(
-            f"POST {url} failed after {attempts} attempt(s): {type(exc).__name__}: {exc}", url=url
-        )
 
     def delay(self, attempt: int, retry_after: float | None) -> float:
         """``Retry-After`` when the server sent one, else exponential backoff with jitter."""

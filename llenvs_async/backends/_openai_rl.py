@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from ..errors import BackendError
+from ._outcomes import http_failure
 
 __all__ = ["ServerSwap"]
 
@@ -49,7 +50,7 @@ class ServerSwap:
         try:
             response = await self._client.post(url, params=params, json=body, headers=self._headers)
         except httpx.HTTPError as exc:
-            raise BackendError(f"POST {url} failed: {type(exc).__name__}: {exc}", url=url) from exc
+            raise http_failure("POST", url, exc) from exc
         if response.status_code == 404:
             raise BackendError(
                 f"POST {url}: HTTP 404: the server has no RL/dev endpoints (start vLLM with "

@@ -6,9 +6,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..errors import BackendError, ContextLengthError
+import httpx
 
-__all__ = ["ContextOverflow", "check_context_length", "context_overflow", "request_error"]
+from ..errors import BackendError, BackendTimeoutError, ContextLengthError
+
+__all__ = [
+    "ContextOverflow",
+    "check_context_length",
+    "context_overflow",
+    "http_failure",
+    "request_error",
+]
 
 # vLLM (in-process and HTTP), OpenAI and SGLang phrasings of a prompt over the context window.
 _CONTEXT_LENGTH = re.compile(
@@ -16,6 +24,16 @@ _CONTEXT_LENGTH = re.compile(
     r"|exceeds? the (model's )?(maximum )?context",
     re.IGNORECASE,
 )
+
+
+def http_failure(method: str, url: str, exc: Exception, *, attempts: int = 1) -> BackendError:
+    """An HTTP client's failure to get any reply (httpx's errors, mapped at this one edge):
+    a timeout is ``BackendTimeoutError``; ``attempts`` > 1 says it was retried."""
+    tries = f" after {attempts} attempt(s)" if attempts > 1 else ""
+    kind = type(exc).__name__
+    if isinstance(exc, TimeoutError | httpx.TimeoutException):
+        return BackendTimeoutError(f"{method} {url} timed out{tries} ({kind}: {exc})", url=url)
+    return BackendError(f"{method} {url} failed{tries}: {kind}: {exc}", url=url)
 
 
 def request_error(

@@ -79,12 +79,13 @@ class Container(Host):
                 await engine.remove_container(cid)
 
         async def create() -> str:
-            with translate_errors(f"creating a container from {spec.image!r}", image=spec.image):
-                raw = await engine.client.containers.create(config, name=spec.name)
-            created.append(raw.id)
-            with translate_errors("starting container", container_id=raw.id):
-                await raw.start()
-            return str(raw.id)
+            action = f"creating a container from {spec.image!r}"
+            container_id = await engine.create_container(
+                config, name=spec.name, action=action, image=spec.image
+            )
+            created.append(container_id)
+            await engine.start_container(container_id)
+            return container_id
 
         try:
             container_id = await shielded(create(), within=create_timeout)
@@ -261,7 +262,8 @@ class Container(Host):
 
 
 class _ExecChannel:
-    """A ``ShellChannel`` over one Docker exec's attached stream."""
+    """A ``ShellChannel`` over one Docker exec's attached stream; the client's connection
+    errors become ``ConnectionError`` here, as a FIFO channel's would be ``OSError``."""
 
     __slots__ = ("_exec", "_stream")
 
@@ -269,10 +271,16 @@ class _ExecChannel:
         self._exec, self._stream = execution, stream
 
     async def write_in(self, data: bytes) -> None:
-        await self._stream.write_in(data)
+        try:
+            await self._stream.write_in(data)
+        except aiohttp.ClientError as exc:
+            raise ConnectionError(f"the shell's exec stream broke: {exc}") from exc
 
     async def read_out(self) -> Message | None:
-        return await self._stream.read_out()
+        try:
+            return await self._stream.read_out()
+        except aiohttp.ClientError as exc:
+            raise ConnectionError(f"the shell's exec stream broke: {exc}") from exc
 
     async def close(self) -> None:
         await self._stream.close()

@@ -196,6 +196,33 @@ class DockerEngine:
                 raise ImageError(f"{what} failed: {detail}")
         return messages
 
+    async def post_lines(
+        self,
+        path: str,
+        *,
+        params: Mapping[str, Any],
+        body: Any,
+        on_line: Callable[[str], None],
+        action: str,
+        image: str | None = None,
+        content_type: str = "application/x-tar",
+    ) -> None:
+        """POST a (streamed) body and hand each non-empty line of the reply to ``on_line`` as
+        it arrives (a build's log)."""
+        with translate_errors(action, image=image):
+            async with self.client._query(
+                path,
+                "POST",
+                params=dict(params),
+                data=body,
+                headers={"Content-Type": content_type},
+                timeout=aiohttp.ClientTimeout(),
+                chunked=True,
+            ) as response:
+                async for raw in response.content:
+                    if line := raw.decode("utf-8", "replace").strip():
+                        on_line(line)
+
     async def export_container(
         self, container_id: str, write: Callable[[bytes], Awaitable[None]]
     ) -> None:
@@ -204,6 +231,44 @@ class DockerEngine:
             async with self.client._query(f"containers/{container_id}/export") as response:
                 async for chunk in response.content.iter_chunked(1 << 20):
                     await write(chunk)
+
+    async def create_container(
+        self, config: Mapping[str, Any], *, name: str | None = None, action: str, image: str
+    ) -> str:
+        """Create (not start) a container from ``config``; its id. ``action`` words an error."""
+        with translate_errors(action, image=image):
+            raw = await self.client.containers.create(dict(config), name=name)
+        return str(raw.id)
+
+    async def start_container(self, container_id: str) -> None:
+        with translate_errors("starting container", container_id=container_id):
+            await self.client.containers.container(container_id).start()
+
+    async def wait_container(self, container_id: str, *, action: str) -> int | None:
+        """Wait for the container to exit; its exit status (``None`` when not reported)."""
+        with translate_errors(action, container_id=container_id):
+            result = await self.client.containers.container(container_id).wait()
+        code = result.get("StatusCode")
+        return int(code) if isinstance(code, int) else None
+
+    async def container_logs(self, container_id: str, *, tail: int, action: str) -> str:
+        """The last ``tail`` lines the container wrote (stdout and stderr)."""
+        with translate_errors(action, container_id=container_id):
+            lines = await self.client.containers.container(container_id).log(
+                stdout=True, stderr=True, tail=tail
+            )
+        return "".join(lines)
+
+    async def remove_image(self, ref: str) -> bool:
+        """Force-remove an image by name or id; ``False`` when it was already gone."""
+        try:
+            with translate_errors(f"removing image {ref!r}"):
+                await self.client.images.delete(ref, force=True)
+        except ContainerError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
 
     async def list_containers(self, labels: Mapping[str, str | None]) -> list[dict[str, Any]]:
         """All containers (running or not) carrying ``labels`` (``None`` value: any value)."""

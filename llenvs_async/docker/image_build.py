@@ -11,10 +11,8 @@ import re
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 
-import aiohttp
-
 from ..errors import ImageError
-from .engine import DockerEngine, split_image_ref, translate_errors
+from .engine import DockerEngine, split_image_ref
 
 __all__ = ["build_image", "bytes_stream", "import_rootfs", "log_tail"]
 
@@ -103,31 +101,23 @@ async def build_image(
     if labels:
         params["labels"] = json.dumps(dict(labels))
     log: list[str] = []
-    error: str | None = None
-    with translate_errors(what, image=tag):
-        async with engine.client._query(
-            "build",
-            "POST",
-            params=params,
-            data=context,
-            headers={"Content-Type": "application/x-tar"},
-            timeout=aiohttp.ClientTimeout(),
-            chunked=True,
-        ) as response:
-            async for raw in response.content:
-                line = raw.decode("utf-8", "replace").strip()
-                if not line:
-                    continue
-                try:
-                    message = json.loads(line)
-                except json.JSONDecodeError:
-                    log.append(line)
-                    continue
-                if "stream" in message:
-                    log.extend(str(message["stream"]).rstrip("\n").splitlines())
-                if "error" in message or "errorDetail" in message:
-                    detail = message.get("errorDetail", {}).get("message") or message.get("error")
-                    error = str(detail)
+    errors: list[str] = []
+
+    def on_line(line: str) -> None:
+        try:
+            message = json.loads(line)
+        except json.JSONDecodeError:
+            log.append(line)
+            return
+        if "stream" in message:
+            log.extend(str(message["stream"]).rstrip("\n").splitlines())
+        if "error" in message or "errorDetail" in message:
+            detail = message.get("errorDetail", {}).get("message") or message.get("error")
+            errors.append(str(detail))
+
+    await engine.post_lines("build", params=params, body=context, on_line=on_line, action=what,
+                            image=tag)  # fmt: skip
+    error = errors[-1] if errors else None
     if error is not None:
         hint = diagnose(log) if diagnose is not None else None
         message = f"{what} failed: {_clip(error, _ERROR_CHARS)}\n{log_tail(log)}"

@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import secrets
 
-import aiohttp
-
 from ..errors import ContainerError
 from ..host import CappedOutput
 from .shell_framing import DATA, Pending, Scanner
@@ -160,7 +158,7 @@ class ShellWire:
             raise ShellExited
         try:
             await self._stream.write_in(data)
-        except (OSError, RuntimeError, AssertionError, aiohttp.ClientError) as exc:
+        except (OSError, RuntimeError, AssertionError) as exc:
             raise ShellExited from exc
 
     async def _pump(self, p: Pending) -> None:
@@ -195,7 +193,7 @@ class ShellWire:
                 if quiet.expired():  # no sentinel after the prompt: the shell waits
                     raise ContinuationPrompt from None
                 raise
-            except (OSError, RuntimeError, aiohttp.ClientError) as exc:
+            except (OSError, RuntimeError) as exc:
                 raise ShellExited from exc
             if message is None:
                 raise ShellExited

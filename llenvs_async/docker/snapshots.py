@@ -19,7 +19,7 @@ from typing import Any
 from .._backstop import register_removal
 from .._ownership import OWNER_LABEL, OWNER_START_LABEL, Owner, current_owner, process_alive
 from ..errors import ContainerError
-from .engine import DockerEngine, translate_errors
+from .engine import DockerEngine
 from .reaper import _request, register_backstop
 
 __all__ = [
@@ -90,14 +90,7 @@ async def list_snapshot_images(
 
 async def remove_image(engine: DockerEngine, ref: str) -> bool:
     """Force-remove an image by name or id; ``False`` when it was already gone."""
-    try:
-        with translate_errors(f"removing image {ref!r}"):
-            await engine.client.images.delete(ref, force=True)
-    except ContainerError as exc:
-        if exc.status == 404:
-            return False
-        raise
-    return True
+    return await engine.remove_image(ref)
 
 
 async def reap_orphan_snapshots(engine: DockerEngine) -> list[ReapedImage]:

@@ -20,7 +20,7 @@ from typing import Any
 
 from .._shield import shielded
 from ..docker.container import ContainerSpec
-from ..docker.engine import DockerEngine, translate_errors
+from ..docker.engine import DockerEngine
 from ..errors import GvisorUnavailableError, ImageError
 
 __all__ = [
@@ -105,8 +105,9 @@ async def _export(engine: DockerEngine, image: str, target: Path) -> None:
     await asyncio.to_thread(_empty_dir, partial)
     body: dict[str, Any] = {"Image": image, "Entrypoint": ["/"], "Cmd": [], "Labels": engine.labels,
             "NetworkDisabled": True}  # fmt: skip
-    with translate_errors(f"creating a container to export {image!r}", image=image):
-        created = await engine.client.containers.create(body)
+    created = await engine.create_container(
+        body, action=f"creating a container to export {image!r}", image=image
+    )
     tar: asyncio.subprocess.Process | None = None
     try:
         tar = await asyncio.create_subprocess_exec(
@@ -120,7 +121,7 @@ async def _export(engine: DockerEngine, image: str, target: Path) -> None:
             stdin.write(chunk)
             await stdin.drain()
 
-        await engine.export_container(created.id, write)
+        await engine.export_container(created, write)
         stdin.close()
         _, err = await tar.communicate()
         if tar.returncode != 0:
@@ -134,7 +135,7 @@ async def _export(engine: DockerEngine, image: str, target: Path) -> None:
             await shielded(asyncio.to_thread(shutil.rmtree, partial, ignore_errors=True),
                            within=120)  # fmt: skip
         finally:
-            await shielded(engine.remove_container(created.id), within=30)
+            await shielded(engine.remove_container(created), within=30)
 
 
 def _empty_dir(directory: Path) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..._resource import AsyncResource
 from ...docker.container import Container, ContainerSpec
-from ...docker.engine import DockerEngine, translate_errors
+from ...docker.engine import DockerEngine
 from ...errors import ContainerError, ImageError, LlenvsError
 from .compose import ComposeService, ComposeSpec, HealthCheck
 from .image import TASK_IMAGE_LABEL, TaskImages
@@ -209,21 +209,18 @@ async def _healthy(
 
 
 async def _wait_exit(container: Container) -> int | None:
-    raw = container.engine.client.containers.container(container.id)
-    with translate_errors("waiting for a sidecar to exit", container_id=container.id):
-        result = await raw.wait()
-    code = result.get("StatusCode")
-    return int(code) if isinstance(code, int) else None
+    return await container.engine.wait_container(
+        container.id, action="waiting for a sidecar to exit"
+    )
 
 
 async def _logs(container: Container) -> str:
-    raw = container.engine.client.containers.container(container.id)
     try:
-        with translate_errors("reading a sidecar's logs", container_id=container.id):
-            lines = await raw.log(stdout=True, stderr=True, tail=20)
+        return await container.engine.container_logs(
+            container.id, tail=20, action="reading a sidecar's logs"
+        )
     except LlenvsError as exc:  # the logs only decorate the real error
         return f"(no logs: {exc})"
-    return "".join(lines)
 
 
 def _failure(task: HarborTask, service: ComposeService, why: str, output: str) -> ContainerError:
