@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterable
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -321,6 +322,14 @@ HARBOR_FLAGS = {
     "action_format": "--action-format", "max_format_errors": "--max-format-errors",
     "max_observation_chars": "--observation-chars", "command_timeout_sec": "--command-timeout",
 }  # fmt: skip
+
+
+def check_choice(flag: str, value: str, choices: Iterable[str]) -> str:
+    """``value`` when it is one of ``choices`` (read from a registry), else ``CliError``."""
+    names = tuple(choices)
+    if value not in names:
+        raise CliError(f"{flag} must be one of {', '.join(names)}, got {value!r}")
+    return value
 
 
 def harbor_settings(base: HarborSettings | None = None, **values: Any) -> HarborSettings:

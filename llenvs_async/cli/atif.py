@@ -58,8 +58,6 @@ def import_atif(
     """Import ATIF trajectories as a results file that q-values, view and export read."""
     from ..serialization.atif import EXTRA_KEY, AtifError, from_atif, iter_atif
 
-    if action_format not in ("text", "tools"):
-        raise CliError(f"--action-format must be 'text' or 'tools', got {action_format!r}")
     if not out.parent.is_dir():
         raise CliError(f"--output {str(out)!r}: directory {str(out.parent)!r} does not exist")
     harbor = harbor_settings(action_format=action_format)

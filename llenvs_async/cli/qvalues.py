@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from ..docker.runtime import get_runtime
 from ..errors import MissingExtraError
 from ..estimation import Failures, ValueEstimate, estimate_q_values, estimate_values
 from ..serialization import JsonlWriter
@@ -236,7 +237,7 @@ async def _estimate(
     rows: list[tuple[StatePick, str, ValueEstimate]] = []
     async with open_source(spec) as source:
         await source.check()
-        processes = spec.harbor.runtime == "gvisor"
+        processes = "checkpoint" in get_runtime(spec.harbor.runtime).capabilities
         async with open_runner(
             source, options, snapshot=snapshot, processes=processes, schedule=schedule
         ) as runner:

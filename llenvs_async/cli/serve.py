@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal, cast
 
 import anyio
 import typer
@@ -108,12 +108,12 @@ def serve_verifiers(
     runtime: opt.RuntimeOpt = "runc",
 ) -> None:
     """Serve Harbor tasks to prime-rl's orchestrator (verifiers' EnvClient) over ZMQ."""
+    from ..docker.runtime import runtime_names
     from ..integrations.verifiers import env_config, serving
+    from ..protocols import PROTOCOLS
 
-    if action_format not in ("text", "tools"):
-        raise CliError(f"--action-format must be text or tools, got {action_format!r}")
-    if runtime not in ("runc", "gvisor"):
-        raise CliError(f"--runtime must be runc or gvisor, got {runtime!r}")
+    opt.check_choice("--action-format", action_format, PROTOCOLS)
+    opt.check_choice("--runtime", runtime, runtime_names())
     if max_concurrent < 1:
         raise CliError(f"--max-concurrent must be >= 1, got {max_concurrent}")
     if max_steps < 1:
@@ -123,8 +123,8 @@ def serve_verifiers(
     config = env_config(
         tasks,
         max_steps=max_steps,
-        action_format="tools" if action_format == "tools" else "text",
-        container_runtime="gvisor" if runtime == "gvisor" else "runc",
+        action_format=cast(Literal["text", "tools"], action_format),
+        container_runtime=cast(Literal["runc", "gvisor"], runtime),
     )
 
     async def serve() -> None:

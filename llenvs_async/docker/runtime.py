@@ -35,6 +35,7 @@ __all__ = [
     "RuntimeHost",
     "get_runtime",
     "register_runtime",
+    "runtime_names",
 ]
 
 
@@ -191,6 +192,11 @@ def register_runtime(runtime: Runtime) -> None:
     _registered[runtime.name] = runtime
 
 
+def runtime_names() -> tuple[str, ...]:
+    """Every runtime name ``get_runtime`` knows (registered, or provided on first use)."""
+    return tuple(dict.fromkeys([*_registered, *_PROVIDERS]))
+
+
 def get_runtime(name: str) -> Runtime:
     """The runtime registered as ``name`` (loading its provider if need be), else
     ``ValueError`` naming the known ones."""
@@ -199,5 +205,5 @@ def get_runtime(name: str) -> Runtime:
     try:
         return _registered[name]
     except KeyError:
-        known = " or ".join(repr(n) for n in dict.fromkeys([*_registered, *_PROVIDERS]))
+        known = " or ".join(repr(n) for n in runtime_names())
         raise ValueError(f"runtime must be {known}, got {name!r}") from None

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from ...docker.runtime import get_runtime, runtime_names
 from ...docker.shell_task import DEFAULT_MAX_OBSERVATION_CHARS
 from ...errors import LlenvsError
 from ...protocols import PROTOCOLS, AgentProtocol
@@ -22,7 +23,6 @@ _OLD_NAMES = {
     "command_timeout": "command_timeout_sec",
     "observation_chars": "max_observation_chars",
 }
-_RUNTIMES = ("runc", "gvisor")
 
 
 class HarborSettingsError(LlenvsError, ValueError):
@@ -104,16 +104,17 @@ class HarborSettings:
                 "{provision_index_url} is the index of {provision_verifier}",
                 field="provision_index_url", value=self.provision_index_url,
             )  # fmt: skip
-        if self.runtime not in _RUNTIMES:
+        if self.runtime not in runtime_names():
+            known = " or ".join(repr(n) for n in runtime_names())
             raise HarborSettingsError(
-                f"{{runtime}} must be 'runc' or 'gvisor', got {_v(self.runtime)}",
+                f"{{runtime}} must be {_v(known)[1:-1]}, got {_v(self.runtime)}",
                 field="runtime", value=self.runtime,
             )  # fmt: skip
         warm = self.warm_pool
         if isinstance(warm, bool) or not isinstance(warm, int) or warm < 0:
             raise HarborSettingsError(f"{{warm_pool}} must be an int >= 0, got {_v(warm)}",
                                       field="warm_pool", value=warm)  # fmt: skip
-        if warm and self.runtime != "runc":
+        if warm and "warm_pool" not in get_runtime(self.runtime).capabilities:
             raise HarborSettingsError(
                 f"{{warm_pool}} holds Docker containers, not boxes of runtime {_v(self.runtime)}: "
                 f"use no warm pool with {{runtime}} {_v(self.runtime)}",
