@@ -17,11 +17,16 @@ import aiohttp
 from .._ownership import OWNER_LABELS, SESSION_LABEL
 from .._shield import shielded
 from ..errors import ContainerError, LlenvsError
-from ..host import DEFAULT_MAX_OUTPUT_BYTES, Capability, Carrier, Host
+from ..host import (
+    Capability,
+    Carrier,
+    Host,
+    ShellChannel,
+    ShellSession,
+)
 from .container_spec import DEFAULT_CAP_DROP, ContainerSpec
 from .engine import DockerEngine, translate_errors
 from .reaper import register_backstop, remove_container_sync
-from .shell import ShellChannel, ShellKind, ShellSession
 
 if TYPE_CHECKING:
     from aiodocker.execs import Exec
@@ -163,14 +168,6 @@ class Container(Host):
             raise ValueError("a Docker exec takes no stdin here: use put_archive for files")
         execution, stream = await self.open_exec(argv, env=env, workdir=workdir, user=user)
         return _ExecCarrier(execution, stream, self.id)
-
-    async def shell(
-        self, *, shell: ShellKind = "auto", max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
-    ) -> ShellSession:
-        """Start a persistent shell in this container; it is closed with the container."""
-        session = await ShellSession.start(self, shell=shell, max_output_bytes=max_output_bytes)
-        self._sessions.append(session)
-        return session
 
     async def put_archive(self, directory: str, tar_bytes: bytes) -> None:
         """Extract a tar archive into ``directory`` (which must exist)."""

@@ -13,14 +13,13 @@ from typing import Any
 from .._shield import shielded
 from ..env import new_episode_id
 from ..errors import EnvError
-from ..host import CommandResult
+from ..host import CommandResult, ShellKind, ShellSession
 from ..protocols import AgentProtocol
 from ..types import Observation, State
 from .container import ContainerSpec
 from .engine import DockerEngine
 from .pool import WarmPool
 from .runtime import Runtime, RuntimeHost, get_runtime
-from .shell import ShellKind, ShellSession
 from .shell_task import (
     DEFAULT_MAX_OBSERVATION_CHARS,
     ShellTaskEnvironment,

@@ -42,12 +42,11 @@ from .._resource import AsyncResource
 from .._shield import shielded
 from ..env import Environment
 from ..errors import ClosedError, ContainerError, EnvError, LlenvsError, RestoreError
+from ..host import ShellSession, ShellState, apply_shell_state, capture_shell_state, run_probe
 from ..types import Action, State
 from .engine import DockerEngine
 from .images import tag_slug
 from .runtime import ForkPoint, ProcessFork, RuntimeHost
-from .shell import ShellSession
-from .shell_host import ShellState, apply_shell_state, capture_shell_state, run_probe
 from .snapshots import register_snapshot_backstop, remove_image, snapshot_labels
 
 __all__ = [

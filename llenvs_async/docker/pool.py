@@ -13,10 +13,9 @@ from dataclasses import dataclass, replace
 from .._resource import AsyncResource
 from .._shield import shielded
 from ..errors import ClosedError
-from ..host import DEFAULT_MAX_OUTPUT_BYTES
+from ..host import DEFAULT_MAX_OUTPUT_BYTES, ShellKind, ShellSession
 from .container import Container, ContainerSpec
 from .engine import DockerEngine
-from .shell import ShellKind, ShellSession
 
 __all__ = ["POOL_LABEL", "WarmContainer", "WarmPool"]
 

@@ -16,15 +16,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from ..host import Capability
+from ..host import Capability, ShellHost, ShellKind
 from .container import Container, ContainerSpec
-from .shell_host import ShellHost, ShellKind
 
 if TYPE_CHECKING:
-    from ..host import CommandResult
+    from ..host import CommandResult, ShellSession
     from ..types import State
     from .engine import DockerEngine
-    from .shell import ShellSession
 
 __all__ = [
     "RUNC",

@@ -28,6 +28,8 @@ from ._exec import (
     shell_command,
 )
 from ._output import DEFAULT_MAX_OUTPUT_BYTES, CappedOutput, CommandResult
+from ._shell import ShellSession
+from ._shell_channel import ShellChannel, ShellKind
 
 __all__ = ["KILLED_DRAIN_TIMEOUT", "SIGNAL_TIMEOUT", "Capability", "Carrier", "Host"]
 
@@ -61,10 +63,12 @@ class Carrier(Protocol):
 
 class Host(AsyncResource, ABC):
     """A started box of some runtime, owned by this process: one-off execs with timeouts,
-    process-tree signals and files (its subclass adds persistent shells, closed with it)."""
+    process-tree signals, files and persistent shells (closed with it; a subclass keeps them
+    in ``_sessions``)."""
 
     id: str
     _closed: bool
+    _sessions: list[ShellSession]
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
 
     @property
@@ -90,6 +94,10 @@ class Host(AsyncResource, ABC):
         stdin: bytes | None = None,
     ) -> Carrier:
         """Start ``argv`` in the box (``stdin``: written to it, then closed)."""
+
+    @abstractmethod
+    async def open_channel(self, argv: list[str]) -> ShellChannel:
+        """Start ``argv`` (a shell) with its stdin, stdout and stderr as a channel."""
 
     @abstractmethod
     async def put_archive(self, directory: str, tar_bytes: bytes) -> None:
@@ -209,6 +217,14 @@ class Host(AsyncResource, ABC):
             f"{type(self).__name__} {self.short_id} cannot {what} (its runtime lacks the "
             f"{capability!r} capability; it has {sorted(self.capabilities)})"
         )
+
+    async def shell(
+        self, *, shell: ShellKind = "auto", max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
+    ) -> ShellSession:
+        """Start a persistent shell in this box; it is closed with the box."""
+        session = await ShellSession.start(self, shell=shell, max_output_bytes=max_output_bytes)
+        self._sessions.append(session)
+        return session
 
     async def put_files(self, files: Mapping[str, bytes | str], *, mode: int = 0o644) -> None:
         """Write files (absolute paths; missing parent directories are created)."""

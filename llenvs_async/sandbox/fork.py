@@ -21,9 +21,8 @@ from typing import Any, Protocol
 
 from .._shield import shielded
 from ..docker.container import ContainerSpec
-from ..docker.shell import ShellSession, ShellSnapshot
-from ..docker.shell_host import ShellHost
 from ..errors import ContainerError, RestoreError
+from ..host import ShellHost, ShellSession, ShellSnapshot
 from ..types import State
 from .channel import FifoChannel
 from .reaper import write_owner

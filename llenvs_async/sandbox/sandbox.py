@@ -22,9 +22,15 @@ from typing import Any, ClassVar
 from .._shield import shielded
 from ..docker.container import ContainerSpec
 from ..docker.engine import DockerEngine
-from ..docker.shell import ShellChannel, ShellKind, ShellSession
 from ..errors import ContainerError, EnvError
-from ..host import DEFAULT_MAX_OUTPUT_BYTES, SIGNAL_TIMEOUT, Capability, Carrier, Host
+from ..host import (
+    SIGNAL_TIMEOUT,
+    Capability,
+    Carrier,
+    Host,
+    ShellChannel,
+    ShellSession,
+)
 from .bundle import ImageRootfs, ensure_rootfs, find_init, oci_config, write_bundle
 from .channel import SHELL_DIR, START_SCRIPT, FifoChannel
 from .reaper import register_sandbox_backstop, remove_sandbox_sync
@@ -221,14 +227,6 @@ class Sandbox(Host):
         channel = await FifoChannel.attach(self, directory)
         self._channels.append(channel)
         return channel
-
-    async def shell(
-        self, *, shell: ShellKind = "auto", max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
-    ) -> ShellSession:
-        """Start a persistent shell in this sandbox; it is closed with the sandbox."""
-        session = await ShellSession.start(self, shell=shell, max_output_bytes=max_output_bytes)
-        self._sessions.append(session)
-        return session
 
     def track(self, session: ShellSession) -> None:
         """Close ``session`` (an adopted shell) with this sandbox."""

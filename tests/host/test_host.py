@@ -12,7 +12,7 @@ import pytest
 from llenvs_async.docker import Container
 from llenvs_async.docker.runtime import RUNC
 from llenvs_async.errors import ContainerError, EnvError
-from llenvs_async.host import KILL_TREE_SCRIPT, Carrier, Host
+from llenvs_async.host import KILL_TREE_SCRIPT, Carrier, Host, ShellChannel
 from llenvs_async.sandbox import GVISOR, Sandbox
 
 PID = 4242
@@ -70,6 +70,9 @@ class _Host(Host):
         return self.command
 
     async def put_archive(self, directory: str, tar_bytes: bytes) -> None:
+        raise NotImplementedError
+
+    async def open_channel(self, argv: list[str]) -> ShellChannel:
         raise NotImplementedError
 
 

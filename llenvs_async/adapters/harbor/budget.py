@@ -10,8 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from ...docker.shell import ShellSession
-from ...host import CommandResult
+from ...host import CommandResult, ShellSession
 from .task import HarborTask
 
 __all__ = ["DEFAULT_COMMAND_TIMEOUT_SEC", "CommandBudget"]

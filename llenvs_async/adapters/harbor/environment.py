@@ -24,7 +24,6 @@ from typing import Any, Literal
 
 from ...docker.container import Container
 from ...docker.runtime import ForkPoint, RuntimeHost
-from ...docker.shell import ShellSession
 from ...docker.shell_task import (
     DEFAULT_MAX_OBSERVATION_CHARS,
     ShellTaskEnvironment,
@@ -33,7 +32,7 @@ from ...docker.shell_task import (
 )
 from ...env import new_episode_id
 from ...errors import ClosedError, ContinuationPromptError, EnvError, RestoreError
-from ...host import CommandResult
+from ...host import CommandResult, ShellSession
 from ...protocols import AgentProtocol
 from ...types import Action, Observation, State, StepResult
 from . import steps as multi_step

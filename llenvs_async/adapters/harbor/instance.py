@@ -17,8 +17,8 @@ from ...docker.container import Container, ContainerSpec
 from ...docker.engine import DockerEngine
 from ...docker.pool import WarmPool
 from ...docker.runtime import ForkPoint, Runtime, RuntimeHost, get_runtime
-from ...docker.shell import ShellSession
 from ...errors import ContainerError, EnvError
+from ...host import ShellSession
 from .image import TASK_IMAGE_LABEL, TaskImages
 from .sidecars import Sidecars, extra_hosts, start_sidecars
 from .task import HarborTask, resolve_env

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..host import CappedOutput
+from ._output import CappedOutput
 
 __all__ = [
     "DATA",

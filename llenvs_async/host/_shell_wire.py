@@ -11,9 +11,9 @@ import asyncio
 import secrets
 
 from ..errors import ContainerError
-from ..host import CappedOutput
-from .shell_framing import DATA, Pending, Scanner
-from .shell_host import ShellChannel, ShellHost, ShellKind
+from ._output import CappedOutput
+from ._shell_channel import ShellChannel, ShellHost, ShellKind
+from ._shell_framing import DATA, Pending, Scanner
 
 __all__ = ["LAUNCH", "PROBE_LIMIT", "ContinuationPrompt", "ShellExited", "ShellWire"]
 

@@ -30,10 +30,10 @@ import time
 from .._resource import AsyncResource
 from .._shield import shielded
 from ..errors import ClosedError, ContainerError, LlenvsError
-from ..host import DEFAULT_MAX_OUTPUT_BYTES, CappedOutput, CommandResult
-from .shell_framing import SYNTAX_ERROR, Pending, is_brace_error, is_incomplete, one_line
-from .shell_host import ShellChannel, ShellHost, ShellKind, ShellSnapshot
-from .shell_wire import LAUNCH, PROBE_LIMIT, ContinuationPrompt, ShellExited, ShellWire
+from ._output import DEFAULT_MAX_OUTPUT_BYTES, CappedOutput, CommandResult
+from ._shell_channel import ShellChannel, ShellHost, ShellKind, ShellSnapshot
+from ._shell_framing import SYNTAX_ERROR, Pending, is_brace_error, is_incomplete, one_line
+from ._shell_wire import LAUNCH, PROBE_LIMIT, ContinuationPrompt, ShellExited, ShellWire
 
 __all__ = ["ShellChannel", "ShellHost", "ShellKind", "ShellSession", "ShellSnapshot"]
 
