@@ -11,7 +11,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, overload
 
 if TYPE_CHECKING:
-    from .types import Completion
+    from ._generation import Completion
 
 __all__ = [
     "Action",

@@ -147,6 +147,55 @@ def test_the_arrow_check_fails_on_a_forbidden_import(
     assert all(f.startswith(f"llenvs_async/{module}:") and why in f for f in found), found
 
 
+def _cycles(root: Path = PACKAGE.parent) -> list[list[str]]:
+    """Circles of modules importing each other (any import form, ``TYPE_CHECKING`` too; a
+    package's ``__init__``, which gathers its modules' names, is not counted as a target)."""
+    top = root / "llenvs_async"
+    paths = {_module_name(p, root): p for p in top.rglob("*.py")}
+    graph = {
+        name: {t for _, t in _imported(path, root)
+               if t in paths and t != name and paths[t].name != "__init__.py"}
+        for name, path in paths.items()
+    }  # fmt: skip
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            part = stack[stack.index(node) :]
+            del stack[stack.index(node) :]
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_modules_import_each_other_in_a_circle() -> None:
+    assert _cycles() == []
+
+
+def test_the_circle_check_sees_one(tmp_path: Path) -> None:
+    shutil.copytree(PACKAGE, tmp_path / "llenvs_async", ignore=shutil.ignore_patterns("*.pyc"))
+    host = tmp_path / "llenvs_async" / "host"
+    (host / "_x.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                "    from ._y import Y\n")  # fmt: skip
+    (host / "_y.py").write_text("from ._x import X\n")
+    assert _cycles(tmp_path) == [["llenvs_async.host._x", "llenvs_async.host._y"]]
+
+
 def test_docker_never_imports_sandbox() -> None:
     assert _violations(PACKAGE / "docker") == []
 

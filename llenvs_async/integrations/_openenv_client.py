@@ -175,7 +175,7 @@ def openenv_factory(url: str, **options: Any) -> Callable[[], Awaitable[OpenEnvE
 
 
 def _require() -> None:
-    from .openenv import require_openenv
+    from ._openenv_serving import require_openenv
 
     require_openenv()
 

@@ -354,6 +354,6 @@ def create_app(
 
 
 def _require_openenv() -> None:
-    from .openenv import require_openenv
+    from ._openenv_serving import require_openenv
 
     require_openenv()

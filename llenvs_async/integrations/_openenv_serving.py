@@ -14,10 +14,24 @@ from typing import Any
 
 from llenvs_async import LlenvsError
 
-__all__ = ["CLOSE_TIMEOUT", "BearerAuth", "is_loopback", "serving"]
+from .._extras import import_extra
+
+__all__ = ["CLOSE_TIMEOUT", "BearerAuth", "is_loopback", "require_openenv", "serving"]
 
 ASGIApp = Callable[..., Awaitable[None]]
 CLOSE_TIMEOUT = 120.0  # seconds a session's close waits for its instance's teardown
+
+
+def require_openenv() -> str:
+    """OpenEnv's version; ``MissingExtraError`` naming the extra when it is missing."""
+    import_extra("openenv.core.env_server.http_server", extra="openenv",
+                 what="llenvs_async.integrations.openenv", package="OpenEnv")  # fmt: skip
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("openenv-core")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def is_loopback(host: str) -> bool:

@@ -26,7 +26,6 @@ Consume: any OpenEnv server as an environment of ours (non-pure, one session eac
 
 from __future__ import annotations
 
-from .._extras import import_extra
 from ..errors import MissingExtraError
 
 __all__ = [
@@ -43,18 +42,6 @@ __all__ = [
 OpenEnvUnavailableError = MissingExtraError
 
 
-def require_openenv() -> str:
-    """OpenEnv's version; ``MissingExtraError`` naming the extra when it is missing."""
-    import_extra("openenv.core.env_server.http_server", extra="openenv",
-                 what="llenvs_async.integrations.openenv", package="OpenEnv")  # fmt: skip
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("openenv-core")
-    except PackageNotFoundError:
-        return "unknown"
-
-
 from ._openenv_client import OpenEnvEnvironment, openenv_factory  # noqa: E402
 from ._openenv_server import create_app  # noqa: E402
-from ._openenv_serving import is_loopback, serving  # noqa: E402
+from ._openenv_serving import is_loopback, require_openenv, serving  # noqa: E402

@@ -17,7 +17,7 @@ import logging
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from .._resource import AsyncResource
 from .._shield import shielded
@@ -28,11 +28,26 @@ from ._source import InputSource
 
 if TYPE_CHECKING:
     from ._lockstep import Schedule
-    from ._runner import TrajectoryRunner
 
 __all__ = ["RolloutStream", "StreamInput", "StreamStats"]
 
 _log = logging.getLogger("llenvs_async.runner")
+
+
+class StreamRunner(Protocol):
+    """What a stream needs of its runner (a ``TrajectoryRunner``)."""
+
+    backend: Any
+    close_timeout: float
+
+    def _run(
+        self,
+        source: InputSource,
+        batch_size: int,
+        max_steps: int | None,
+        schedule: Schedule | None,
+    ) -> AsyncGenerator[Trajectory, None]: ...
+
 
 StreamInput = int | str | State | None
 """A stream input: a task to ``reset`` to, or a saved ``State`` to restore and continue."""
@@ -193,7 +208,7 @@ class RolloutStream(AsyncResource):
 
     def __init__(
         self,
-        runner: TrajectoryRunner,
+        runner: StreamRunner,
         inputs: Iterable[Any] | AsyncIterable[Any],
         *,
         group_size: int,

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from .._shield import shielded
 from ..errors import LlenvsError
-
-if TYPE_CHECKING:
-    from .sandbox import Sandbox
+from ..host import Host
 
 __all__ = ["FifoChannel", "SHELL_DIR"]
 
@@ -56,9 +54,10 @@ class _Chunk:
 
 
 class FifoChannel:
-    """A ``ShellChannel`` through a relay exec to a shell's FIFOs in ``directory``."""
+    """A ``ShellChannel`` through a relay exec to a shell's FIFOs in ``directory`` of
+    ``sandbox`` (the host its status is read and its relay ended through)."""
 
-    def __init__(self, sandbox: Sandbox, directory: str, proc: asyncio.subprocess.Process) -> None:
+    def __init__(self, sandbox: Host, directory: str, proc: asyncio.subprocess.Process) -> None:
         self.sandbox = sandbox
         self.directory = directory
         self._proc = proc
@@ -66,10 +65,16 @@ class FifoChannel:
         self._open = {1: proc.stdout, 2: proc.stderr}
 
     @classmethod
-    async def attach(cls, sandbox: Sandbox, directory: str) -> FifoChannel:
-        """Start a relay to the shell whose FIFOs are in ``directory``."""
+    async def attach(cls, sandbox: Host, exec_argv: Sequence[str], directory: str) -> FifoChannel:
+        """Start a relay to the shell whose FIFOs are in ``directory``; ``exec_argv`` runs a
+        command in the sandbox (``runsc exec ID``)."""
         proc = await asyncio.create_subprocess_exec(
-            *sandbox.runsc.argv("exec", sandbox.id, "/bin/sh", "-c", RELAY_SCRIPT, "sh", directory),
+            *exec_argv,
+            "/bin/sh",
+            "-c",
+            RELAY_SCRIPT,
+            "sh",
+            directory,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -224,7 +224,7 @@ class Sandbox(Host):
     async def attach_channel(self, directory: str) -> FifoChannel:
         """A new relay to the shell whose FIFOs are in ``directory`` (after a restore)."""
         self._check_open()
-        channel = await FifoChannel.attach(self, directory)
+        channel = await FifoChannel.attach(self, self.runsc.argv("exec", self.id), directory)
         self._channels.append(channel)
         return channel
 
