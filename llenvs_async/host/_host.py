@@ -100,6 +100,10 @@ class Host(AsyncResource, ABC):
         """Start ``argv`` (a shell) with its stdin, stdout and stderr as a channel."""
 
     @abstractmethod
+    async def get_file(self, path: str) -> bytes:
+        """One regular file of the box (``ContainerError`` with ``status=404`` when missing)."""
+
+    @abstractmethod
     async def put_archive(self, directory: str, tar_bytes: bytes) -> None:
         """Unpack ``tar_bytes`` into ``directory`` (which must exist), as root."""
 

@@ -75,6 +75,9 @@ class _Host(Host):
     async def open_channel(self, argv: list[str]) -> ShellChannel:
         raise NotImplementedError
 
+    async def get_file(self, path: str) -> bytes:
+        raise NotImplementedError
+
 
 def _marked(*rest: bytes) -> list[bytes]:
     return [f"__llenvs_pid__{PID}\n".encode(), *rest]
