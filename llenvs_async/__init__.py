@@ -57,6 +57,7 @@ from .types import (
 )
 
 if TYPE_CHECKING:
+    from ._reaper import ReapedOrphans, reap_all_orphans
     from .backends.openai import OpenAIBackend
     from .backends.vllm import VLLMBackend
 
@@ -87,6 +88,7 @@ __all__ = [
     "LlenvsError",
     "Observation",
     "OpenAIBackend",
+    "ReapedOrphans",
     "RestoreError",
     "RestoreFn",
     "RolloutStream",
@@ -112,6 +114,7 @@ __all__ = [
     "ValueEstimate",
     "estimate_q_values",
     "estimate_values",
+    "reap_all_orphans",
     "replay_restore",
     "__version__",
 ]
@@ -123,4 +126,8 @@ def __getattr__(name: str) -> Any:
         from . import backends
 
         return getattr(backends, name)
+    if name in ("ReapedOrphans", "reap_all_orphans"):  # the Docker and gVisor layers: on use
+        from . import _reaper
+
+        return getattr(_reaper, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

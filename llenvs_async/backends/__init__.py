@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._vllm_orphans import reap_orphan_engines
+from ._vllm_orphans import ReapedProcess, reap_orphan_engines
 from .base import Backend, TokenizerBackend, TrainableBackend
 from .scripted import ScriptedBackend
 
@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Backend",
     "OpenAIBackend",
+    "ReapedProcess",
     "ScriptedBackend",
     "TokenizerBackend",
     "TrainableBackend",

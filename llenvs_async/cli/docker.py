@@ -83,16 +83,14 @@ def build_all(force: Annotated[bool, _FORCE] = False) -> None:
 def cleanup() -> None:
     """Remove vLLM engine processes, containers, snapshot images, gVisor sandboxes and
     checkpoints left behind by llenvs processes that are gone."""
-    from ..backends import reap_orphan_engines
-    from ..sandbox.reaper import reap_all_orphans
+    from .. import reap_all_orphans
 
-    engines = reap_orphan_engines()  # first: needs no Docker engine
-    for p in engines:
+    reaped = run_async(reap_all_orphans)
+    for p in reaped.engines:
         console.print(
             f"ended orphaned vLLM engine process {p.pid} ({p.name}) of gone owner {p.owner_pid}",
             markup=False,
         )
-    reaped = run_async(reap_all_orphans)
     if not reaped.containers:
         console.print("no orphaned containers")
     else:

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from .fork import SandboxCheckpoint, SandboxProcessFork
 from .reaper import (
-    ReapedOrphans,
     ReapedSandbox,
-    reap_all_orphans,
     reap_orphan_sandboxes,
     remove_own_sandboxes_sync,
 )
@@ -19,14 +17,12 @@ from .sandbox import Sandbox
 __all__ = [
     "GVISOR",
     "GvisorRuntime",
-    "ReapedOrphans",
     "ReapedSandbox",
     "Runsc",
     "Sandbox",
     "SandboxCheckpoint",
     "SandboxProcessFork",
     "find_runsc",
-    "reap_all_orphans",
     "reap_orphan_sandboxes",
     "remove_own_sandboxes_sync",
 ]

@@ -1,7 +1,7 @@
 """Leak-proofing for gVisor sandboxes and checkpoint images: removal without an event loop
 (this process's at exit, registered with the one ``atexit`` backstop), and
-``reap_orphan_sandboxes`` for dead owners'. ``reap_all_orphans`` is the one sweep of every
-kind (containers and snapshot images too): it sits here, in the layer above ``docker/``.
+``reap_orphan_sandboxes`` for dead owners' (``llenvs_async.reap_all_orphans`` sweeps every
+kind, these included).
 
 A sandbox's owner is in its OCI annotations (the container labels); a checkpoint image's
 in ``owner.json`` next to it. Both live under the machine's one runsc state root.
@@ -9,7 +9,6 @@ in ``owner.json`` next to it. Both live under the machine's one runsc state root
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import os
@@ -22,17 +21,11 @@ from typing import Any
 
 from .._backstop import register_removal
 from .._ownership import SESSION_LABEL, Owner, current_owner, owner_gone
-from ..docker.engine import DockerEngine
-from ..docker.reaper import ReapedContainer, reap_orphans
-from ..docker.snapshots import ReapedImage, reap_orphan_snapshots
-from ..errors import GvisorUnavailableError
 from .runsc import Runsc, find_runsc
 
 __all__ = [
-    "ReapedOrphans",
     "ReapedSandbox",
     "list_sandboxes",
-    "reap_all_orphans",
     "reap_orphan_sandboxes",
     "register_sandbox_backstop",
     "remove_own_sandboxes_sync",
@@ -179,34 +172,3 @@ def reap_orphan_sandboxes(
     (same rule as ``reap_orphans`` for containers; ``force``: also owners this process
     cannot check)."""
     return _remove_where(runsc or find_runsc(), lambda labels: _orphaned(labels, force))
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ReapedOrphans:
-    """What ``reap_all_orphans`` removed, by kind."""
-
-    containers: tuple[ReapedContainer, ...]
-    images: tuple[ReapedImage, ...]
-    sandboxes: tuple[ReapedSandbox, ...]
-
-
-async def reap_all_orphans(
-    engine: DockerEngine | None = None, *, force: bool = False
-) -> ReapedOrphans:
-    """Remove every leftover of owners provably gone: containers (first: an image a container
-    uses cannot be removed), snapshot images, then gVisor sandboxes, checkpoint images and
-    bundles (none to look for where gVisor is unavailable). ``force`` as ``reap_orphans``."""
-    if engine is None:
-        async with DockerEngine() as own:
-            return await reap_all_orphans(own, force=force)
-    containers = await reap_orphans(engine, force=force)
-    images = await reap_orphan_snapshots(engine)
-    try:
-        runsc = find_runsc()
-    except GvisorUnavailableError:
-        sandboxes: list[ReapedSandbox] = []
-    else:
-        sandboxes = await asyncio.to_thread(reap_orphan_sandboxes, runsc, force=force)
-    return ReapedOrphans(
-        containers=tuple(containers), images=tuple(images), sandboxes=tuple(sandboxes)
-    )

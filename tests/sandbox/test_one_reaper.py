@@ -10,9 +10,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+from llenvs_async import reap_all_orphans
 from llenvs_async.docker import DockerEngine
 from llenvs_async.docker.snapshots import list_snapshot_images, remove_image
-from llenvs_async.sandbox import Runsc, reap_all_orphans
+from llenvs_async.sandbox import Runsc
 from llenvs_async.sandbox.reaper import list_sandboxes
 
 ROOT = Path(__file__).resolve().parents[2]
