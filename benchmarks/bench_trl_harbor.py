@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from llenvs_async.adapters.harbor import load_task
-from llenvs_async.adapters.harbor.image import TASK_IMAGE_LABEL
+from llenvs_async.adapters.harbor.images.image import TASK_IMAGE_LABEL
 from llenvs_async.docker import OWNER_LABEL
 from llenvs_async.docker.engine import DockerEngine
 from llenvs_async.integrations.trl_env import TRLHarborEnvironments

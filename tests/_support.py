@@ -56,7 +56,7 @@ async def base_image_engine() -> AsyncIterator[DockerEngine]:
 async def harbor_containers(engine: DockerEngine) -> list[str]:
     """Ids of this process's containers that run Harbor tasks (the "0 left" checks)."""
     # Imported here: every tier imports this module, few need the Harbor adapter.
-    from llenvs_async.adapters.harbor.image import TASK_IMAGE_LABEL
+    from llenvs_async.adapters.harbor.images.image import TASK_IMAGE_LABEL
 
     owner = engine.labels[OWNER_LABEL]
     found = await engine.list_containers({OWNER_LABEL: owner, TASK_IMAGE_LABEL: None})

@@ -358,7 +358,7 @@ def harbor_options(
     observation_chars: int = DEFAULT_MAX_OBSERVATION_CHARS,
 ) -> HarborSettings:
     """The Harbor flags as one ``HarborSettings`` (its rules checked there)."""
-    from ..adapters.harbor.image import parse_alias
+    from ..adapters.harbor.images.image import parse_alias
 
     pairs = []
     for text in base_images or []:

@@ -22,7 +22,7 @@ import pytest
 from llenvs_async import ClosedError, LlenvsError
 from llenvs_async._ownership import OWNER_LABEL
 from llenvs_async.adapters.harbor import load_task
-from llenvs_async.adapters.harbor.image import TASK_IMAGE_LABEL
+from llenvs_async.adapters.harbor.images.image import TASK_IMAGE_LABEL
 from llenvs_async.docker.engine import DockerEngine
 from llenvs_async.integrations.trl_env import (
     HarborToolEnvironment,

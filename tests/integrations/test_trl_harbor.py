@@ -25,7 +25,7 @@ from llenvs_async import (
 )
 from llenvs_async._ownership import OWNER_LABEL
 from llenvs_async.adapters.harbor import HarborAdapter, load_task
-from llenvs_async.adapters.harbor.image import TASK_IMAGE_LABEL
+from llenvs_async.adapters.harbor.images.image import TASK_IMAGE_LABEL
 from llenvs_async.docker.engine import DockerEngine
 from llenvs_async.integrations.trl import environment_reward, rollout_func
 from llenvs_async.policies import shell_reply

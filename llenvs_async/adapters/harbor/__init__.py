@@ -4,7 +4,22 @@ snapshot-fork) and replay checks; separate verifiers, artifacts and multi-step t
 from __future__ import annotations
 
 from .adapter import HarborAdapter, default_cache_dir
-from .config import (
+from .episode.environment import HarborEnvironment, HarborRuntime
+from .episode.steps import oracle_actions, start_at_step
+from .images.image import BuildSettings, ImageResolver, TaskImages, normalise_image_ref
+from .oracle import (
+    HARBOR_DESTRUCTIVE,
+    HARBOR_MISTAKES,
+    dataset_oracle,
+    harbor_mistakes,
+    harbor_oracle,
+    next_solution_command,
+)
+from .restore.consistency import collect_probes, default_probes, validate_replay_consistency
+from .restore.replay import harbor_restore
+from .restore.snapshot import SnapshotRestore, SnapshotStats
+from .settings import HarborSettings, HarborSettingsError
+from .tasks.config import (
     AgentConfig,
     ArtifactSpec,
     Author,
@@ -17,19 +32,8 @@ from .config import (
     TaskInfo,
     VerifierConfig,
 )
-from .consistency import collect_probes, default_probes, validate_replay_consistency
-from .dataset import HarborDataset, load_local_dataset
-from .environment import HarborEnvironment, HarborRuntime
-from .image import BuildSettings, ImageResolver, TaskImages, normalise_image_ref
-from .oracle import (
-    HARBOR_DESTRUCTIVE,
-    HARBOR_MISTAKES,
-    dataset_oracle,
-    harbor_mistakes,
-    harbor_oracle,
-    next_solution_command,
-)
-from .registry import (
+from .tasks.dataset import HarborDataset, load_local_dataset
+from .tasks.registry import (
     DEFAULT_REGISTRY_URL,
     RegistryDataset,
     RegistryTask,
@@ -37,13 +41,9 @@ from .registry import (
     parse_registry,
     split_dataset_spec,
 )
-from .restore import harbor_restore
-from .settings import HarborSettings, HarborSettingsError
-from .snapshot import SnapshotRestore, SnapshotStats
-from .steps import oracle_actions, start_at_step
-from .task import HarborTask, TaskStep, load_task
-from .task_toml import parse_task_config
-from .verifier import VerifierResult, parse_reward
+from .tasks.task import HarborTask, TaskStep, load_task
+from .tasks.task_toml import parse_task_config
+from .verify.verifier import VerifierResult, parse_reward
 
 __all__ = [
     "HARBOR_DESTRUCTIVE",

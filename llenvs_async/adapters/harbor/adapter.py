@@ -16,11 +16,11 @@ from ..._resource import AsyncResource
 from ...docker.engine import DockerEngine
 from ...docker.pool import WarmPool
 from ...docker.runtime import get_runtime
-from .dataset import HarborDataset, load_local_dataset
-from .environment import HarborEnvironment, HarborRuntime
-from .image import BuildSettings, TaskImages
-from .registry import DEFAULT_REGISTRY_URL, TaskCache
+from .episode.environment import HarborEnvironment, HarborRuntime
+from .images.image import BuildSettings, TaskImages
 from .settings import HarborSettings
+from .tasks.dataset import HarborDataset, load_local_dataset
+from .tasks.registry import DEFAULT_REGISTRY_URL, TaskCache
 
 __all__ = ["HarborAdapter", "default_cache_dir"]
 

@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 
 from ...policies import OraclePolicy, shell_reply
 from ...types import GenerationRequest
-from .dataset import HarborDataset
-from .steps import oracle_actions
+from .episode.steps import oracle_actions
+from .tasks.dataset import HarborDataset
 
 __all__ = [
     "HARBOR_DESTRUCTIVE",

@@ -13,7 +13,7 @@ from ...docker.runtime import get_runtime, runtime_names
 from ...docker.shell_task import DEFAULT_MAX_OBSERVATION_CHARS
 from ...errors import LlenvsError
 from ...protocols import PROTOCOLS, AgentProtocol
-from .budget import DEFAULT_COMMAND_TIMEOUT_SEC
+from .episode.budget import DEFAULT_COMMAND_TIMEOUT_SEC
 
 __all__ = ["HarborSettings", "HarborSettingsError"]
 

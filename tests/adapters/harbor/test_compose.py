@@ -12,9 +12,9 @@ import pytest
 
 from llenvs_async._ownership import OWNER_LABEL
 from llenvs_async.adapters.harbor import HarborAdapter, load_task
-from llenvs_async.adapters.harbor.compose import parse_compose, parse_duration
-from llenvs_async.adapters.harbor.image import TASK_IMAGE_LABEL
-from llenvs_async.adapters.harbor.sidecars import SIDECAR_LABEL
+from llenvs_async.adapters.harbor.episode.sidecars import SIDECAR_LABEL
+from llenvs_async.adapters.harbor.images.image import TASK_IMAGE_LABEL
+from llenvs_async.adapters.harbor.tasks.compose import parse_compose, parse_duration
 from llenvs_async.docker.engine import DockerEngine
 from llenvs_async.errors import ContainerError, TaskLoadError
 from llenvs_async.types import Action

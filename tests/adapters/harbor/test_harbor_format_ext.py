@@ -16,8 +16,8 @@ from llenvs_async.adapters.harbor import (
     oracle_actions,
     parse_task_config,
 )
-from llenvs_async.adapters.harbor.steps import aggregate, passes
-from llenvs_async.adapters.harbor.verifier import VerifierResult
+from llenvs_async.adapters.harbor.episode.steps import aggregate, passes
+from llenvs_async.adapters.harbor.verify.verifier import VerifierResult
 from llenvs_async.errors import TaskLoadError
 
 TASKS = Path(__file__).resolve().parent / "tasks_real"

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from llenvs_async.adapters.harbor import HarborAdapter, normalise_image_ref
-from llenvs_async.adapters.harbor.dockerfile import image_uses as _image_uses
-from llenvs_async.adapters.harbor.image import (
+from llenvs_async.adapters.harbor.images.dockerfile import image_uses as _image_uses
+from llenvs_async.adapters.harbor.images.image import (
     CA_BUNDLE_PATH,
     ImageResolver,
     parse_alias,

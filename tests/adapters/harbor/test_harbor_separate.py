@@ -12,8 +12,8 @@ import pytest
 
 from llenvs_async._ownership import OWNER_LABEL
 from llenvs_async.adapters.harbor import HarborAdapter, oracle_actions
-from llenvs_async.adapters.harbor.image import TASK_IMAGE_LABEL
-from llenvs_async.adapters.harbor.verification import ROLE_LABEL
+from llenvs_async.adapters.harbor.images.image import TASK_IMAGE_LABEL
+from llenvs_async.adapters.harbor.verify.verification import ROLE_LABEL
 from llenvs_async.docker.engine import DockerEngine
 from llenvs_async.errors import LlenvsError, VerifierError
 from llenvs_async.types import Action

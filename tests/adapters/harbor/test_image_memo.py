@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from llenvs_async.adapters.harbor import HarborAdapter, image
+from llenvs_async.adapters.harbor import HarborAdapter
+from llenvs_async.adapters.harbor.images import image
 from llenvs_async.docker.engine import DockerEngine
 
 from .conftest import EXAMPLES

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from llenvs_async.adapters.harbor import HarborAdapter, HarborSettings
-from llenvs_async.adapters.harbor.provision import (
+from llenvs_async.adapters.harbor.images.provision import (
     detect_provision,
     offline_test_sh,
     provision_dockerfile,

@@ -14,17 +14,17 @@ from typing import Any
 import pytest
 
 from llenvs_async.adapters.harbor import load_local_dataset
-from llenvs_async.adapters.harbor.image import BuildSettings, TaskImages
-from llenvs_async.adapters.harbor.network import check_offline_verifier
-from llenvs_async.adapters.harbor.provision import (
+from llenvs_async.adapters.harbor.images.image import BuildSettings, TaskImages
+from llenvs_async.adapters.harbor.images.provision import (
     PROVISION_MARK,
     detect_provision,
     offline_test_sh,
     provision_dockerfile,
     provision_hint,
 )
-from llenvs_async.adapters.harbor.provision_pip import pip_install
-from llenvs_async.adapters.harbor.task import load_task
+from llenvs_async.adapters.harbor.images.provision_pip import pip_install
+from llenvs_async.adapters.harbor.tasks.task import load_task
+from llenvs_async.adapters.harbor.verify.network import check_offline_verifier
 from llenvs_async.cli import main
 from llenvs_async.docker.engine import DockerEngine
 from llenvs_async.docker.images import PYTHON_STANDIN

@@ -13,17 +13,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ...docker.container import Container, ContainerSpec
-from ...docker.engine import DockerEngine
-from ...docker.pool import WarmPool
-from ...docker.runtime import ForkPoint, Runtime, RuntimeHost, get_runtime
-from ...errors import ContainerError, EnvError
-from ...host import ShellSession
-from .image import TASK_IMAGE_LABEL, TaskImages
+from ....docker.container import Container, ContainerSpec
+from ....docker.engine import DockerEngine
+from ....docker.pool import WarmPool
+from ....docker.runtime import ForkPoint, Runtime, RuntimeHost, get_runtime
+from ....errors import ContainerError, EnvError
+from ....host import ShellSession
+from ..images.image import TASK_IMAGE_LABEL, TaskImages
+from ..tasks.task import HarborTask, resolve_env
 from .sidecars import Sidecars, extra_hosts, start_sidecars
-from .task import HarborTask, resolve_env
 
-__all__ = ["DATASET_LABEL", "HarborRuntime", "Instance", "as_docker", "start_instance"]
+__all__ = [
+    "DATASET_LABEL",
+    "HarborRuntime",
+    "Instance",
+    "as_docker",
+    "daemon_has_bridge",
+    "start_instance",
+]
 
 DATASET_LABEL = "llenvs.harbor.dataset"
 _MIB = 1 << 20
@@ -98,7 +105,7 @@ async def start_instance(
     else:
         image = checkpoint.image
     network = runtime.allow_network and env_cfg.wants_network
-    bridge = network and await _daemon_has_bridge(engine)
+    bridge = network and await daemon_has_bridge(engine)
     agent_user = task.config.agent.user
     compose = task.compose
     spec = ContainerSpec(
@@ -151,7 +158,7 @@ async def start_instance(
     )  # fmt: skip
 
 
-async def _daemon_has_bridge(engine: DockerEngine) -> bool:
+async def daemon_has_bridge(engine: DockerEngine) -> bool:
     """Whether the daemon has its default ``bridge`` network (not under ``--bridge=none``)."""
     try:
         found = await engine.request_json(

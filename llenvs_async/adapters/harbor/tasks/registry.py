@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from ...errors import TaskLoadError
+from ....errors import TaskLoadError
 from .dataset import HarborDataset, load_tasks
 
 __all__ = [

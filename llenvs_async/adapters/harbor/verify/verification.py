@@ -21,13 +21,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from ...docker.container import Container, ContainerSpec
-from ...docker.engine import DockerEngine
-from ...docker.runtime import RuntimeHost
-from ...errors import ContainerError, VerifierError
-from .config import EnvironmentConfig
-from .image import TASK_IMAGE_LABEL, TaskImages
-from .task import HarborTask, resolve_env
+from ....docker.container import Container, ContainerSpec
+from ....docker.engine import DockerEngine
+from ....docker.runtime import RuntimeHost
+from ....errors import ContainerError, VerifierError
+from ..images.image import TASK_IMAGE_LABEL, TaskImages
+from ..tasks.config import EnvironmentConfig
+from ..tasks.task import HarborTask, resolve_env
 from .verifier import REWARD_JSON, REWARD_TXT, VERIFIER_LOG_DIR, VerifierResult, parse_reward
 
 __all__ = [

@@ -15,11 +15,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from ...env import Environment, check_replayed, replay
-from ...errors import RestoreError
-from ...types import State
-from .environment import HarborEnvironment
-from .task import short_name
+from ....env import Environment, check_replayed, replay
+from ....errors import RestoreError
+from ....types import State
+from ..episode.environment import HarborEnvironment
+from ..tasks.task import short_name
 
 __all__ = ["check_restorable", "harbor_restore", "reanchor", "replay_prefix", "saved_hidden"]
 

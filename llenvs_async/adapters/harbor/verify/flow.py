@@ -13,16 +13,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ...docker.container import Container
-from ...docker.engine import DockerEngine
-from ...docker.runtime import RuntimeHost
-from ...errors import ContainerError, LlenvsError, VerifierError
+from ....docker.container import Container
+from ....docker.engine import DockerEngine
+from ....docker.runtime import RuntimeHost
+from ....errors import ContainerError, LlenvsError, VerifierError
+from ..episode.instance import DATASET_LABEL, HarborRuntime, Instance, as_docker, daemon_has_bridge
+from ..images.provision import offline_test_sh
+from ..tasks.config import VerifierConfig
+from ..tasks.task import HarborTask
 from .artifacts import Collected, collect_artifacts, run_collect_hooks, save_artifacts, transfer_tar
-from .config import VerifierConfig
-from .instance import DATASET_LABEL, HarborRuntime, Instance, _daemon_has_bridge, as_docker
 from .network import check_offline_verifier
-from .provision import offline_test_sh
-from .task import HarborTask
 from .verification import run_separate, run_tests, verifier_environment
 from .verifier import VerifierResult
 
@@ -67,7 +67,7 @@ async def verify_instance(
     provisioned = runtime.images.build.provision_verifier
     bridge = instance.bridge  # known when the instance has a network; else asked if it matters
     if not instance.network and verifier_environment(task).wants_network:
-        bridge = await _daemon_has_bridge(await engine())  # is --allow-network worth naming?
+        bridge = await daemon_has_bridge(await engine())  # is --allow-network worth naming?
 
     def explain(log: str, network: bool) -> None:
         check_offline_verifier(task, log, network=network, bridge=bridge, provisioned=provisioned)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from ...docker.engine import DockerEngine
+from ....docker.engine import DockerEngine
 from .instance import HarborRuntime
 
 __all__ = ["EngineLease"]

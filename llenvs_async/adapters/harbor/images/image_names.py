@@ -14,8 +14,8 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Mapping, Sequence
 
-from ...docker.engine import DockerEngine
-from ...docker.images import STANDIN_PATTERNS, STANDIN_PYTHON
+from ....docker.engine import DockerEngine
+from ....docker.images import STANDIN_PATTERNS, STANDIN_PYTHON
 
 __all__ = ["ImageResolver", "alias_matches", "normalise_image_ref", "parse_alias"]
 

@@ -34,16 +34,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ...docker.runtime import RuntimeHost
-from ...docker.shell_task import SUBMITTED_TEXT, StepReply
-from ...errors import EnvError, RestoreError
-from ...types import Action, Observation, State, StepResult
-from .config import VerifierConfig
-from .task import HarborTask, TaskStep
-from .verifier import VerifierResult
+from ....docker.runtime import RuntimeHost
+from ....docker.shell_task import SUBMITTED_TEXT, StepReply
+from ....errors import EnvError, RestoreError
+from ....types import Action, Observation, State, StepResult
+from ..tasks.config import VerifierConfig
+from ..tasks.task import HarborTask, TaskStep
+from ..verify.verifier import VerifierResult
 
 if TYPE_CHECKING:
-    from .dataset import HarborDataset
+    from ..tasks.dataset import HarborDataset
 
 __all__ = [
     "STEP_SETUP_PATH",

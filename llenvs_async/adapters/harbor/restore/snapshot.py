@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...docker.engine import DockerEngine
-from ...docker.fork import (
+from ....docker.engine import DockerEngine
+from ....docker.fork import (
     ShellState,
     SnapshotFork,
     SnapshotKey,
@@ -21,10 +21,10 @@ from ...docker.fork import (
     capture_shell_state,
     prefix_digest,
 )
-from ...env import Environment
-from ...types import State
-from .environment import HarborEnvironment
-from .restore import check_restorable, reanchor, replay_prefix
+from ....env import Environment
+from ....types import State
+from ..episode.environment import HarborEnvironment
+from .replay import check_restorable, reanchor, replay_prefix
 
 __all__ = [
     "ShellState",
@@ -51,7 +51,7 @@ class SnapshotRestore(SnapshotFork[HarborEnvironment]):
     ) -> None:
         process_fork = None
         if processes:
-            from ...sandbox.fork import SandboxProcessFork
+            from ....sandbox.fork import SandboxProcessFork
 
             process_fork = SandboxProcessFork(timeout=timeout)
         super().__init__(engine=engine, timeout=timeout, process_fork=process_fork)

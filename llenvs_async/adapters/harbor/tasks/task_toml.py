@@ -12,7 +12,7 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
-from ...errors import TaskLoadError
+from ....errors import TaskLoadError
 from .config import (
     AgentConfig,
     ArtifactSpec,

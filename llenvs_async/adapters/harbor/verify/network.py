@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 
-from ...errors import VerifierError
-from .provision import offline_test_sh
-from .task import HarborTask
+from ....errors import VerifierError
+from ..images.provision import offline_test_sh
+from ..tasks.task import HarborTask
 from .verification import verifier_environment
 
 __all__ = ["check_offline_verifier"]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from ...errors import VerifierError
+from ....errors import VerifierError
 
 __all__ = [
     "REWARD_JSON",

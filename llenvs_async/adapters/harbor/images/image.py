@@ -18,9 +18,10 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...docker.engine import DockerEngine
-from ...docker.images import STANDIN_PYTHON, build_image, tag_slug
-from ...errors import ImageError
+from ....docker.engine import DockerEngine
+from ....docker.images import STANDIN_PYTHON, build_image, tag_slug
+from ....errors import ImageError
+from ..tasks.task import HarborTask
 from .dockerfile import (
     CA_BUNDLE_PATH,
     ImageUse,
@@ -31,7 +32,6 @@ from .dockerfile import (
 )
 from .image_names import ImageResolver, normalise_image_ref, parse_alias
 from .provision import VerifierProvision, detect_provision, provision_dockerfile, provision_hint
-from .task import HarborTask
 
 __all__ = [
     "CA_BUNDLE_PATH",

@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from ...errors import TaskLoadError
+from ....errors import TaskLoadError
 
 __all__ = [
     "MAIN_SERVICE",

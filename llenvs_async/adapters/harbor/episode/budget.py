@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from ...host import CommandResult, ShellSession
-from .task import HarborTask
+from ....host import CommandResult, ShellSession
+from ..tasks.task import HarborTask
 
 __all__ = ["DEFAULT_COMMAND_TIMEOUT_SEC", "CommandBudget"]
 

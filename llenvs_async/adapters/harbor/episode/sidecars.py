@@ -17,13 +17,13 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..._resource import AsyncResource
-from ...docker.container import Container, ContainerSpec
-from ...docker.engine import DockerEngine
-from ...errors import ContainerError, ImageError, LlenvsError
-from .compose import ComposeService, ComposeSpec, HealthCheck
-from .image import TASK_IMAGE_LABEL, TaskImages
-from .task import HarborTask
+from ...._resource import AsyncResource
+from ....docker.container import Container, ContainerSpec
+from ....docker.engine import DockerEngine
+from ....errors import ContainerError, ImageError, LlenvsError
+from ..images.image import TASK_IMAGE_LABEL, TaskImages
+from ..tasks.compose import ComposeService, ComposeSpec, HealthCheck
+from ..tasks.task import HarborTask
 
 __all__ = ["SIDECAR_LABEL", "Sidecars", "extra_hosts", "start_sidecars"]
 

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ...docker.container import Container
-from ...docker.runtime import RuntimeHost
-from ...errors import ContainerError, VerifierError
-from .config import ArtifactSpec, CollectHook
+from ....docker.container import Container
+from ....docker.runtime import RuntimeHost
+from ....errors import ContainerError, VerifierError
+from ..tasks.config import ArtifactSpec, CollectHook
 
 __all__ = [
     "ARTIFACTS_DIR",

@@ -11,7 +11,7 @@ total/used/left.
 
 The episode's container, shell and sidecars: ``instance.py``; the engine it uses (the
 adapter's, shared): ``engine_lease.py``; verifying it (collect hooks, the verifier in its
-own exec or container, artifacts): ``verify_flow.py``; multi-step tasks (a step boundary
+own exec or container, artifacts): ``verify/flow.py``; multi-step tasks (a step boundary
 is an observation carrying the next instruction): ``steps.py``.
 """
 
@@ -22,27 +22,27 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Literal
 
-from ...docker.container import Container
-from ...docker.runtime import ForkPoint, RuntimeHost
-from ...docker.shell_task import (
+from ....docker.container import Container
+from ....docker.runtime import ForkPoint, RuntimeHost
+from ....docker.shell_task import (
     DEFAULT_MAX_OBSERVATION_CHARS,
     ShellTaskEnvironment,
     capped_timeout,
     observation_text,
 )
-from ...env import new_episode_id
-from ...errors import ClosedError, ContinuationPromptError, EnvError, RestoreError
-from ...host import CommandResult, ShellSession
-from ...protocols import AgentProtocol
-from ...types import Action, Observation, State, StepResult
+from ....env import new_episode_id
+from ....errors import ClosedError, ContinuationPromptError, EnvError, RestoreError
+from ....host import CommandResult, ShellSession
+from ....protocols import AgentProtocol
+from ....types import Action, Observation, State, StepResult
+from ..tasks.dataset import HarborDataset
+from ..tasks.task import HarborTask
+from ..verify.flow import verify_instance
+from ..verify.verifier import VerifierResult
 from . import steps as multi_step
 from .budget import DEFAULT_COMMAND_TIMEOUT_SEC, CommandBudget
-from .dataset import HarborDataset
 from .engine_lease import EngineLease
 from .instance import DATASET_LABEL, HarborRuntime, Instance, start_instance
-from .task import HarborTask
-from .verifier import VerifierResult
-from .verify_flow import verify_instance
 
 __all__ = [
     "DATASET_LABEL",

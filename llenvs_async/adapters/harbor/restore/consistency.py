@@ -22,9 +22,9 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ...env import EnvFactory, replay
-from ...types import Action, Trajectory
-from .environment import HarborEnvironment
+from ....env import EnvFactory, replay
+from ....types import Action, Trajectory
+from ..episode.environment import HarborEnvironment
 
 __all__ = ["collect_probes", "default_probes", "validate_replay_consistency"]
 

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import EnvError, TaskLoadError
+from ....errors import EnvError, TaskLoadError
 from .compose import ComposeSpec, load_compose
 from .config import StepConfig, TaskConfig
 from .task_toml import parse_task_config

@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..tasks.task import HarborTask
 from .image_names import alias_matches
-from .task import HarborTask
 
 __all__ = [
     "CA_BUNDLE_PATH",

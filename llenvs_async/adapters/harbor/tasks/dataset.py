@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from ...errors import TaskLoadError
+from ....errors import TaskLoadError
 from .task import HarborTask, load_task, short_name
 from .task_toml import parse_task_config
 
