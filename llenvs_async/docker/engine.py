@@ -176,20 +176,10 @@ class DockerEngine:
     ) -> list[dict[str, Any]]:
         """POST a streamed body and collect the JSON progress messages; raise on an error."""
         what = action or f"POST {path}"
-        with translate_errors(what):
-            async with self.client._query(
-                path,
-                "POST",
-                params=dict(params),
-                data=body,
-                headers={"Content-Type": content_type},
-                timeout=aiohttp.ClientTimeout(),
-                chunked=True,
-            ) as response:
-                raw = await response.read()
-        messages = [
-            json.loads(line) for line in raw.decode("utf-8", "replace").splitlines() if line
-        ]
+        lines: list[str] = []
+        await self.post_lines(path, params=params, body=body, on_line=lines.append, action=what,
+                              content_type=content_type)  # fmt: skip
+        messages = [json.loads(line) for line in lines]
         for message in messages:
             if "error" in message or "errorDetail" in message:
                 detail = message.get("errorDetail", {}).get("message") or message.get("error")
