@@ -51,6 +51,7 @@ from .snapshots import register_snapshot_backstop, remove_image, snapshot_labels
 
 __all__ = [
     "SNAPSHOT_REPO",
+    "CommittedImage",
     "Forkable",
     "ShellState",
     "SnapshotFork",
@@ -72,6 +73,17 @@ for __llenvs_d in /proc/[0-9]*; do
   set -- ${__llenvs_l##*)}
   echo "${__llenvs_d#/proc/} $2 $1 $__llenvs_c"
 done )"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommittedImage:
+    """A fork point that is a commit of a box's filesystem: ``image`` starts the copies."""
+
+    image: str
+
+    @property
+    def name(self) -> str:
+        return self.image
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +183,9 @@ class Forkable(Protocol):
     @property
     def container_runtime(self) -> str: ...
 
-    async def resume_from_image(self, image: str, state: State) -> State: ...
+    async def resume(self, point: CommittedImage, state: State) -> State:
+        """Continue ``state`` in a new box started from ``point``."""
+        ...
 
 
 E = TypeVar("E", bound=Forkable)
@@ -380,7 +394,7 @@ class SnapshotFork(AsyncResource, Generic[E]):
             record = {"method": "checkpoint", "checkpoint": snap.checkpoint.name,
                       "resume_sec": round(time.monotonic() - began, 6)}  # fmt: skip
             return self._reanchor(env, state, started, {"restore": record})
-        await env.resume_from_image(snap.image, template)
+        await env.resume(CommittedImage(image=snap.image), template)
         if env.shell is None:
             raise EnvError(f"the forked {type(env).__name__} has no shell")
         await apply_shell_state(env.shell, snap.shell)

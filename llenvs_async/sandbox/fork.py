@@ -122,9 +122,7 @@ class CheckpointForkable(Protocol):
     @property
     def container(self) -> ShellHost | None: ...
 
-    async def resume_from_checkpoint(
-        self, checkpoint: SandboxCheckpoint, state: State
-    ) -> State: ...
+    async def resume(self, point: SandboxCheckpoint, state: State) -> State: ...
 
 
 class SandboxProcessFork:
@@ -158,7 +156,7 @@ class SandboxProcessFork:
         try:
             async with asyncio.TaskGroup() as tg:  # the stopped sandbox goes while env resumes
                 tg.create_task(sandbox.delete_stopped())
-                tg.create_task(env.resume_from_checkpoint(checkpoint, state))
+                tg.create_task(env.resume(checkpoint, state))
         except ExceptionGroup as group:  # a failed resume or delete raises as itself
             if len(group.exceptions) == 1:
                 raise group.exceptions[0] from None
@@ -168,7 +166,7 @@ class SandboxProcessFork:
     async def resume(
         self, env: CheckpointForkable, checkpoint: SandboxCheckpoint, state: State
     ) -> None:
-        await env.resume_from_checkpoint(checkpoint, state)
+        await env.resume(checkpoint, state)
 
     async def aclose(self) -> None:
         """Remove the checkpoint images (idempotent; each removal shielded and bounded)."""

@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import Any, Literal
 
 from ....docker.container import Container
+from ....docker.fork import CommittedImage
 from ....docker.runtime import ForkPoint, RuntimeHost
 from ....docker.shell_task import (
     DEFAULT_MAX_OBSERVATION_CHARS,
@@ -211,24 +212,19 @@ class HarborEnvironment(ShellTaskEnvironment):
         task = self._require_task()
         return f"{name}/{task.steps[self._step_index].name}" if task.steps else name
 
-    async def resume_from_image(self, image: str, state: State) -> State:
-        """Continue ``state`` in a new container started from ``image``, a commit of an episode
-        at ``state`` (the caller vouches for that); a new episode id, a fresh shell."""
+    async def resume(self, point: ForkPoint | CommittedImage, state: State) -> State:
+        """Continue ``state`` in a new box started from ``point``, taken of an episode at
+        ``state`` (the caller vouches for that): a commit of its filesystem (a fresh shell)
+        or a gVisor checkpoint (processes and the shell as they were); a new episode id."""
         self._ensure_open()
-        start = await self._start(state.task, seed=state.seed, image=image)
+        if isinstance(point, CommittedImage):
+            start = await self._start(state.task, seed=state.seed, image=point.image)
+        else:
+            start = await self._start(state.task, seed=state.seed, image=None, checkpoint=point)
         if isinstance(state.hidden, Mapping) and self._require_task().steps:
             self._step_index = int(state.hidden.get("step_index", 0))
             self._step_results = [dict(r) for r in state.hidden.get("step_results", [])]
             self._restart_budget()
-        resumed = replace(state, episode_id=start.episode_id, hidden=self._hidden())
-        self._current = resumed
-        return resumed
-
-    async def resume_from_checkpoint(self, checkpoint: ForkPoint, state: State) -> State:
-        """Continue ``state`` in a gVisor sandbox restored from ``checkpoint`` (taken of an
-        episode at ``state``): processes and the shell as they were; a new episode id."""
-        self._ensure_open()
-        start = await self._start(state.task, seed=state.seed, image=None, checkpoint=checkpoint)
         resumed = replace(state, episode_id=start.episode_id, hidden=self._hidden())
         self._current = resumed
         return resumed
@@ -265,7 +261,7 @@ class HarborEnvironment(ShellTaskEnvironment):
         self._task, self._task_index = harbor_task, index
         self._step_index, self._step_results = 0, []
         self._restart_budget()
-        if harbor_task.steps and image is None:  # a resumed commit is past its setup
+        if harbor_task.steps and image is None and checkpoint is None:  # a resumed box is past it
             await multi_step.enter_step(self, 0)
         return State(
             observation=Observation(
