@@ -134,7 +134,11 @@ def _read_atif(path: Path) -> list[tuple[Record, str | None]]:
             task = trajectory.initial_state.task
             key: int | str = trial if task is None else task
             counts[key] = counts.get(key, -1) + 1
-            record = Record(task=key, rollout=counts[key], source=_NO_SOURCE, trajectory=trajectory)
+            # The unparametrised class: an alias's call would set __orig_class__ on a slotted,
+            # frozen instance (TypeError).
+            record: Record = ResultRecord(
+                task=key, rollout=counts[key], source=_NO_SOURCE, trajectory=trajectory
+            )
             out.append((record, None))
     except AtifError as exc:
         raise ViewerInputError(str(exc), path=str(path)) from None
