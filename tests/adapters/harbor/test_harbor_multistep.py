@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,10 @@ from llenvs_async.adapters.harbor import (
     oracle_actions,
     start_at_step,
 )
+from llenvs_async.docker import Container, ContainerSpec, DockerEngine
+from llenvs_async.docker.runtime import RuntimeHost
 from llenvs_async.errors import EnvError
+from llenvs_async.host import ShellSession
 from llenvs_async.types import Action, State, StepResult
 
 pytestmark = pytest.mark.docker
@@ -117,3 +122,47 @@ async def test_snapshot_fork_resumes_in_the_saved_step(adapter: HarborAdapter) -
             done = await play(env, state, actions[3], actions[4], "SUBMIT")
             assert done.reward == 1.0
             assert [r["name"] for r in done.info["step_results"]] == ["create", "extend", "report"]
+
+
+@dataclass(frozen=True)
+class _CommitPoint:
+    """A fork point resumed as a gVisor checkpoint is (``ForkPoint.resume``: a started box
+    and its shell), here a runc container from a commit of the saved one."""
+
+    engine: DockerEngine
+    image: str
+    name: str = "multi-step-point"
+
+    async def resume(self, labels: Mapping[str, str]) -> tuple[RuntimeHost, ShellSession]:
+        container = await Container.create(self.engine, ContainerSpec(image=self.image))
+        shell = await container.shell()
+        await shell.run("cd /app")  # a checkpoint keeps the shell's directory: stand in for it
+        return container, shell
+
+
+async def test_a_box_resumed_from_a_fork_point_continues_in_the_saved_step(
+    adapter: HarborAdapter, docker_engine: DockerEngine
+) -> None:
+    """``resume`` with a checkpoint-style point restores the step index and results as a
+    commit's resume does (a checkpoint resume used to restart at step 1's bookkeeping)."""
+    images: list[str] = []
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            live, resumed_env = [
+                await stack.enter_async_context(await adapter.get_environment(TASKS))
+                for _ in range(2)
+            ]
+            actions = oracle_actions(live.dataset.resolve("multi-step")[1])
+            saved = (await play(live, await live.reset("multi-step"), *actions[:3])).next_state
+            assert saved.hidden["step_index"] == 1 and live.container is not None
+            images.append(await live.container.commit("llenvs-test-fork-point", "multi-step"))
+            resumed = await resumed_env.resume(_CommitPoint(docker_engine, images[0]), saved)
+            assert resumed.hidden["step_index"] == 1 and resumed.episode_id != saved.episode_id
+            assert resumed.hidden["step_results"] == saved.hidden["step_results"]
+            done = await play(resumed_env, resumed, actions[3], actions[4], "SUBMIT")
+            assert done.reward == 1.0
+            names = [r["name"] for r in done.info["step_results"]]
+            assert names == ["create", "extend", "report"]
+    finally:  # once the containers that use it are gone
+        for image in images:
+            await docker_engine.remove_image(image)
