@@ -24,6 +24,8 @@ from .test_model import _token_trajectories, token_file
 
 
 def wait_ready(driver: Any, url: str) -> None:
+    """Load ``url`` and wait for the page; for a trajectory's page (``#/t/N``), fetched after
+    the page is ready, until that trajectory is shown too."""
     from selenium.webdriver.support.ui import WebDriverWait
 
     driver.get("about:blank")
@@ -31,6 +33,8 @@ def wait_ready(driver: Any, url: str) -> None:
     WebDriverWait(driver, 60).until(
         lambda d: d.execute_script("return document.body.dataset.ready === '1'")
     )
+    if match := re.search(r"#/t/(\d+)$", url):
+        wait_for(driver, f'#traj-title[data-id="{match.group(1)}"]')
 
 
 def wait_for(driver: Any, selector: str) -> None:
