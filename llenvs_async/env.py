@@ -18,7 +18,9 @@ __all__ = [
     "BaseEnvironment",
     "EnvFactory",
     "Environment",
+    "Placed",
     "RestoreFn",
+    "VerifiesStops",
     "check_replayed",
     "new_episode_id",
     "replay",
@@ -55,7 +57,26 @@ class Environment(Protocol):
 
 
 @runtime_checkable
-class AgentEnvironment(Environment, Protocol):
+class VerifiesStops(Protocol):
+    """An environment that verifies the stops the runner makes (``AgentEnvironment``'s part
+    checked per stop: a narrow type, so the check reads nothing else)."""
+
+    async def verify_stop(
+        self, state: State, reason: str
+    ) -> tuple[float, Mapping[str, Any]] | None: ...
+
+
+@runtime_checkable
+class Placed(Protocol):
+    """An environment that says where its instance runs (``AgentEnvironment``'s part read
+    per rollout)."""
+
+    @property
+    def node_id(self) -> str | None: ...
+
+
+@runtime_checkable
+class AgentEnvironment(Environment, VerifiesStops, Placed, Protocol):
     """What an agent environment offers the runner besides stepping: the tools and system
     prompt (with example turns) it sends the model, where a reply stops, how a stop the runner
     makes is verified, the range of a rollout's return, and where the instance runs.
@@ -78,13 +99,6 @@ class AgentEnvironment(Environment, Protocol):
 
     @property
     def reward_range(self) -> tuple[float, float] | None: ...
-
-    @property
-    def node_id(self) -> str | None: ...
-
-    async def verify_stop(
-        self, state: State, reason: str
-    ) -> tuple[float, Mapping[str, Any]] | None: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -125,7 +125,7 @@ async def test_concurrent_steps_on_a_non_pure_env_are_refused() -> None:
 CONTRACT = {"tools", "system_prompt", "example_turns", "stop_sequences", "reward_range",
             "node_id", "verify_stop", "container_runtime"}  # fmt: skip
 # Where the contract is read: by type, never probed.
-READERS = ("runner", "distributed", "docker/fork.py", "sandbox/fork.py", "estimation.py")
+READERS = ("runner", "distributed", "fork.py", "sandbox/fork.py", "estimation.py")
 
 
 class _DuckEnv:

@@ -78,6 +78,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "viewer": frozenset({"serialization"}),
     "integrations": frozenset({"adapters", "serialization", "runner", "backends", "docker"}),
     "estimation": frozenset({"runner"}),
+    "shell_task": frozenset({"host", "protocols"}),  # the step rules every shell task shares
+    "fork": frozenset({"host", "docker"}),  # the generic fork: commits, or a runtime's process fork
     "_reaper": frozenset({"backends", "docker", "sandbox"}),  # the one sweep of every kind
     "__init__": frozenset({"backends", "protocols", "runner"}),
 }
@@ -123,7 +125,7 @@ def private_ok(importer_package: str, owner_package: str) -> bool:
 
 
 def test_every_import_follows_the_allowed_arrows() -> None:
-    assert set(ALLOWED) - {"estimation", "_reaper", "__init__"} <= PACKAGES
+    assert set(ALLOWED) - {"estimation", "shell_task", "fork", "_reaper", "__init__"} <= PACKAGES
     assert _arrows() == []
 
 
@@ -273,3 +275,16 @@ def test_gvisor_without_runsc_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("LLENVS_RUNSC", "/nonexistent/runsc")
     with pytest.raises(GvisorUnavailableError, match=r"runsc is not installed.*ensure-gvisor"):
         DockerEnvironment(image="busybox", runtime="gvisor")
+
+
+def test_only_the_engine_module_holds_the_docker_client() -> None:
+    """aiodocker and aiohttp (the client and its errors) are imported by the engine module
+    alone: every other module reaches Docker through ``DockerEngine``."""
+    clients = {"aiodocker", "aiohttp"}
+    found = {
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        for _, module in _imported(path)
+        if module.split(".")[0] in clients
+    }
+    assert found == {"docker/engine.py"}

@@ -12,8 +12,8 @@ from typing import Annotated, Any
 import typer
 
 from ..adapters.harbor.settings import HarborSettings, HarborSettingsError
-from ..docker.shell_task import DEFAULT_MAX_OBSERVATION_CHARS
 from ..models import KNOWN_MODELS
+from ..shell_task import DEFAULT_MAX_OBSERVATION_CHARS
 from ._backend import BackendKind, BackendOptions
 from ._common import CliError
 

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from ray.exceptions import RayActorError, RayError
 
 from .._resource import AsyncResource
-from ..env import AgentEnvironment, Environment
+from ..env import Environment, VerifiesStops
 from ..errors import ClosedError
 from ..types import Action, ChatMessage, State, StepResult
 from . import _wire
@@ -29,7 +29,7 @@ _T = TypeVar("_T")
 async def _verify_stop(
     env: Environment, state: State, reason: str
 ) -> tuple[float, Mapping[str, Any]] | None:
-    return await env.verify_stop(state, reason) if isinstance(env, AgentEnvironment) else None
+    return await env.verify_stop(state, reason) if isinstance(env, VerifiesStops) else None
 
 
 class RayEnvironment(AsyncResource):

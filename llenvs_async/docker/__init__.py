@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 from .._ownership import OWNER_LABEL, SESSION_LABEL
 from ..host import CommandResult, ShellKind, ShellSession
+from ..shell_task import ShellTaskEnvironment
 from .container import DEFAULT_CAP_DROP, Container, ContainerSpec
 from .engine import DockerEngine
 from .environment import DockerEnvironment, format_observation
 from .reaper import ReapedContainer, reap_orphans, remove_own_containers_sync
-from .shell_task import ShellTaskEnvironment
 
 if TYPE_CHECKING:
     from .images import (

@@ -9,10 +9,7 @@ import json
 import secrets
 import tarfile
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
-
-import aiodocker
-import aiohttp
+from typing import Any, ClassVar
 
 from .._ownership import OWNER_LABELS, SESSION_LABEL
 from .._shield import shielded
@@ -25,13 +22,8 @@ from ..host import (
     ShellSession,
 )
 from .container_spec import DEFAULT_CAP_DROP, ContainerSpec
-from .engine import DockerEngine, translate_errors
+from .engine import DockerEngine, ExecStream
 from .reaper import register_backstop, remove_container_sync
-
-if TYPE_CHECKING:
-    from aiodocker.execs import Exec
-    from aiodocker.stream import Message, Stream
-
 
 __all__ = ["DEFAULT_CAP_DROP", "Container", "ContainerSpec"]
 
@@ -56,7 +48,6 @@ class Container(Host):
         self.id = container_id
         self.spec = spec
         self.remove_timeout = remove_timeout
-        self._raw = engine.client.containers.container(container_id)
         self._sessions: list[ShellSession] = []
         self._closed = False
 
@@ -112,9 +103,7 @@ class Container(Host):
 
     async def inspect(self) -> dict[str, Any]:
         self._check_open()
-        with translate_errors("inspecting container", container_id=self.id):
-            data: dict[str, Any] = await self._raw.show()
-        return data
+        return await self.engine.inspect_container(self.id)
 
     async def pids(self) -> tuple[int, int | None]:
         """How many processes the container holds and its limit (``None``: none), from the
@@ -138,22 +127,16 @@ class Container(Host):
         env: Mapping[str, str] | None = None,
         workdir: str | None = None,
         user: str | None = None,
-    ) -> tuple[Exec, Stream]:
-        """Start an exec and return it with its attached stream (the caller closes the stream)."""
+    ) -> ExecStream:
+        """Start an exec with its stream attached (the caller closes the stream)."""
         self._check_open()
-        with translate_errors(f"exec {argv[0]!r}", container_id=self.id):
-            execution = await self._raw.exec(
-                list(argv), stdin=stdin, environment=dict(env or {}), workdir=workdir,
-                user=user or "",
-            )  # fmt: skip
-            stream = execution.start()
-            await stream.__aenter__()
-        return execution, stream
+        return await self.engine.open_exec(
+            self.id, argv, stdin=stdin, env=env, workdir=workdir, user=user
+        )
 
     async def open_channel(self, argv: list[str]) -> ShellChannel:
         """An exec of ``argv`` with stdin attached, as a persistent shell's channel."""
-        execution, stream = await self.open_exec(argv, stdin=True)
-        return _ExecChannel(execution, stream)
+        return await self.open_exec(argv, stdin=True)
 
     async def _spawn(
         self,
@@ -166,29 +149,23 @@ class Container(Host):
     ) -> Carrier:
         if stdin is not None:
             raise ValueError("a Docker exec takes no stdin here: use put_archive for files")
-        execution, stream = await self.open_exec(argv, env=env, workdir=workdir, user=user)
-        return _ExecCarrier(execution, stream, self.id)
+        return _ExecCarrier(await self.open_exec(argv, env=env, workdir=workdir, user=user))
 
     async def put_archive(self, directory: str, tar_bytes: bytes) -> None:
         """Extract a tar archive into ``directory`` (which must exist)."""
         self._check_open()
-        with translate_errors(f"copying files into {directory!r}", container_id=self.id):
-            await self._raw.put_archive(directory, tar_bytes)  # type: ignore[no-untyped-call]
+        await self.engine.put_archive(self.id, directory, tar_bytes)
 
     async def get_archive(self, path: str) -> tarfile.TarFile:
         """A file or directory of the container as an in-memory tar (members rooted at its
         base name); a missing path raises ``ContainerError`` with ``status`` 404."""
         self._check_open()
-        with translate_errors(f"reading {path!r}", container_id=self.id):
-            tar: tarfile.TarFile = await self._raw.get_archive(path)
-        return tar
+        return await self.engine.get_archive(self.id, path)
 
     async def get_file(self, path: str) -> bytes:
         """Read one regular file from the container."""
         self._check_open()
-        with translate_errors(f"reading {path!r}", container_id=self.id):
-            tar = await self._raw.get_archive(path)
-        with tar:
+        with await self.engine.get_archive(self.id, path) as tar:
             member = tar.next()
             extracted = tar.extractfile(member) if member is not None else None
             if extracted is None:
@@ -213,11 +190,9 @@ class Container(Host):
         label_line = " ".join(
             f"{json.dumps(k)}={json.dumps(v)}" for k, v in {**blank, **(labels or {})}.items()
         )
-        with translate_errors(f"committing to {repo}:{tag}", container_id=self.id):
-            result = await self._raw.commit(
-                repository=repo, tag=tag, changes=[*changes, f"LABEL {label_line}"]
-            )
-        return str(result["Id"])
+        return await self.engine.commit_container(
+            self.id, repo, tag, changes=[*changes, f"LABEL {label_line}"]
+        )
 
     async def aclose(self) -> None:
         """Close shells and force-remove the container; safe to call twice or when cancelled."""
@@ -258,57 +233,19 @@ class Container(Host):
         return f"<Container {self.short_id} image={self.spec.image!r} {state}>"
 
 
-class _ExecChannel:
-    """A ``ShellChannel`` over one Docker exec's attached stream; the client's connection
-    errors become ``ConnectionError`` here, as a FIFO channel's would be ``OSError``."""
-
-    __slots__ = ("_exec", "_stream")
-
-    def __init__(self, execution: Exec, stream: Stream) -> None:
-        self._exec, self._stream = execution, stream
-
-    async def write_in(self, data: bytes) -> None:
-        try:
-            await self._stream.write_in(data)
-        except aiohttp.ClientError as exc:
-            raise ConnectionError(f"the shell's exec stream broke: {exc}") from exc
-
-    async def read_out(self) -> Message | None:
-        try:
-            return await self._stream.read_out()
-        except aiohttp.ClientError as exc:
-            raise ConnectionError(f"the shell's exec stream broke: {exc}") from exc
-
-    async def close(self) -> None:
-        await self._stream.close()
-
-    async def exit_code(self) -> int | None:
-        try:
-            info = await self._exec.inspect()
-        except (aiodocker.DockerError, aiohttp.ClientError, OSError):
-            return None
-        code = info.get("ExitCode")
-        return code if isinstance(code, int) else None
-
-
 class _ExecCarrier:
-    """A ``Carrier`` over one Docker exec's attached stream (errors mapped at this edge)."""
+    """A ``Carrier`` over one exec's stream (the client's errors mapped by the engine)."""
 
-    __slots__ = ("_container_id", "_exec", "_stream")
+    __slots__ = ("_stream",)
 
-    def __init__(self, execution: Exec, stream: Stream, container_id: str) -> None:
-        self._exec, self._stream, self._container_id = execution, stream, container_id
+    def __init__(self, stream: ExecStream) -> None:
+        self._stream = stream
 
     async def read(self) -> tuple[bytes, bool] | None:
-        with translate_errors("reading an exec's output", container_id=self._container_id):
-            message = await self._stream.read_out()
-        return None if message is None else (message.data, message.stream == 1)
+        return await self._stream.read()
 
     async def exit_code(self) -> int | None:
-        with translate_errors("inspecting exec", container_id=self._container_id):
-            info = await self._exec.inspect()
-        code = info.get("ExitCode")
-        return code if isinstance(code, int) else None
+        return await self._stream.exit_status()
 
     async def close(self) -> None:
         await self._stream.close()

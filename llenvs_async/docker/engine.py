@@ -5,18 +5,24 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterable, Awaitable, Callable, Iterator, Mapping
+import tarfile
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiodocker
 import aiohttp
 
 from .._ownership import current_owner, new_session_id, owner_labels
-from ..errors import ClosedError, ContainerError, DockerUnavailableError, ImageError
+from ..errors import ClosedError, ContainerError, DockerUnavailableError, ImageError, LlenvsError
 
-__all__ = ["DockerEngine", "split_image_ref", "translate_errors"]
+if TYPE_CHECKING:
+    from aiodocker.containers import DockerContainer
+    from aiodocker.execs import Exec
+    from aiodocker.stream import Message, Stream
+
+__all__ = ["DockerEngine", "ExecStream", "split_image_ref", "translate_errors"]
 
 _UNREACHABLE = 900  # aiodocker's status for "cannot connect"
 
@@ -232,22 +238,70 @@ class DockerEngine:
 
     async def start_container(self, container_id: str) -> None:
         with translate_errors("starting container", container_id=container_id):
-            await self.client.containers.container(container_id).start()
+            await self._container(container_id).start()
 
     async def wait_container(self, container_id: str, *, action: str) -> int | None:
         """Wait for the container to exit; its exit status (``None`` when not reported)."""
         with translate_errors(action, container_id=container_id):
-            result = await self.client.containers.container(container_id).wait()
+            result = await self._container(container_id).wait()
         code = result.get("StatusCode")
         return int(code) if isinstance(code, int) else None
 
     async def container_logs(self, container_id: str, *, tail: int, action: str) -> str:
         """The last ``tail`` lines the container wrote (stdout and stderr)."""
         with translate_errors(action, container_id=container_id):
-            lines = await self.client.containers.container(container_id).log(
-                stdout=True, stderr=True, tail=tail
-            )
+            lines = await self._container(container_id).log(stdout=True, stderr=True, tail=tail)
         return "".join(lines)
+
+    async def inspect_container(self, container_id: str) -> dict[str, Any]:
+        with translate_errors("inspecting container", container_id=container_id):
+            data: dict[str, Any] = await self._container(container_id).show()
+        return data
+
+    async def open_exec(
+        self,
+        container_id: str,
+        argv: Sequence[str],
+        *,
+        stdin: bool = False,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        user: str | None = None,
+    ) -> ExecStream:
+        """Start an exec in the container with its stream attached (the caller closes it)."""
+        with translate_errors(f"exec {argv[0]!r}", container_id=container_id):
+            execution = await self._container(container_id).exec(
+                list(argv), stdin=stdin, environment=dict(env or {}), workdir=workdir,
+                user=user or "",
+            )  # fmt: skip
+            stream = execution.start()
+            await stream.__aenter__()
+        return ExecStream(execution, stream, container_id)
+
+    async def put_archive(self, container_id: str, directory: str, tar_bytes: bytes) -> None:
+        """Extract a tar archive into ``directory`` of the container (which must exist)."""
+        with translate_errors(f"copying files into {directory!r}", container_id=container_id):
+            await self._container(container_id).put_archive(directory, tar_bytes)  # type: ignore[no-untyped-call]
+
+    async def get_archive(self, container_id: str, path: str) -> tarfile.TarFile:
+        """A path of the container as an in-memory tar; a missing one is ``ContainerError``
+        with ``status`` 404."""
+        with translate_errors(f"reading {path!r}", container_id=container_id):
+            tar: tarfile.TarFile = await self._container(container_id).get_archive(path)
+        return tar
+
+    async def commit_container(
+        self, container_id: str, repo: str, tag: str, *, changes: Sequence[str]
+    ) -> str:
+        """Commit the container's filesystem as ``repo:tag``; the image id."""
+        with translate_errors(f"committing to {repo}:{tag}", container_id=container_id):
+            result = await self._container(container_id).commit(
+                repository=repo, tag=tag, changes=list(changes)
+            )
+        return str(result["Id"])
+
+    def _container(self, container_id: str) -> DockerContainer:
+        return self.client.containers.container(container_id)
 
     async def remove_image(self, ref: str) -> bool:
         """Force-remove an image by name or id; ``False`` when it was already gone."""
@@ -277,7 +331,7 @@ class DockerEngine:
         """Force-remove a container with its anonymous volumes; ``False`` if it was already gone."""
         try:
             with translate_errors("removing container", container_id=container_id):
-                await self.client.containers.container(container_id).delete(force=True, v=True)
+                await self._container(container_id).delete(force=True, v=True)
         except ContainerError as exc:
             if exc.status == 404:
                 return False
@@ -325,3 +379,48 @@ class DockerEngine:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+class ExecStream:
+    """One exec's attached stream: a shell's channel (a broken stream is ``ConnectionError``,
+    an exit status that cannot be read is ``None``) or a command's output (``read``,
+    ``exit_status``: the client's errors mapped as ``translate_errors`` does)."""
+
+    __slots__ = ("_container_id", "_exec", "_stream")
+
+    def __init__(self, execution: Exec, stream: Stream, container_id: str) -> None:
+        self._exec, self._stream, self._container_id = execution, stream, container_id
+
+    async def write_in(self, data: bytes) -> None:
+        try:
+            await self._stream.write_in(data)
+        except aiohttp.ClientError as exc:
+            raise ConnectionError(f"the exec stream broke: {exc}") from exc
+
+    async def read_out(self) -> Message | None:
+        try:
+            return await self._stream.read_out()
+        except aiohttp.ClientError as exc:
+            raise ConnectionError(f"the exec stream broke: {exc}") from exc
+
+    async def read(self) -> tuple[bytes, bool] | None:
+        """The next chunk and whether it is stdout; ``None`` at the end."""
+        with translate_errors("reading an exec's output", container_id=self._container_id):
+            message = await self._stream.read_out()
+        return None if message is None else (message.data, message.stream == 1)
+
+    async def exit_status(self) -> int | None:
+        """The exec's exit status (``None`` while it runs)."""
+        with translate_errors("inspecting exec", container_id=self._container_id):
+            info = await self._exec.inspect()
+        code = info.get("ExitCode")
+        return code if isinstance(code, int) else None
+
+    async def exit_code(self) -> int | None:
+        try:
+            return await self.exit_status()
+        except (LlenvsError, OSError):
+            return None
+
+    async def close(self) -> None:
+        await self._stream.close()

@@ -15,17 +15,17 @@ from ..env import new_episode_id
 from ..errors import EnvError
 from ..host import CommandResult, ShellKind, ShellSession
 from ..protocols import AgentProtocol
-from ..types import Observation, State
-from .container import ContainerSpec
-from .engine import DockerEngine
-from .pool import WarmPool
-from .runtime import Runtime, RuntimeHost, get_runtime
-from .shell_task import (
+from ..shell_task import (
     DEFAULT_MAX_OBSERVATION_CHARS,
     ShellTaskEnvironment,
     capped_timeout,
     format_observation,
 )
+from ..types import Observation, State
+from .container import ContainerSpec
+from .engine import DockerEngine
+from .pool import WarmPool
+from .runtime import Runtime, RuntimeHost, get_runtime
 
 __all__ = ["DockerEnvironment", "format_observation"]
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from ..errors import EnvError
 from ..host import Capability, ShellHost, ShellKind
 from .container import Container, ContainerSpec
 
@@ -113,6 +114,10 @@ class Runtime(Protocol):
 
     async def create(self, engine: DockerEngine, spec: ContainerSpec) -> RuntimeHost: ...
 
+    def process_fork(self, *, timeout: float) -> ProcessFork[Any, Any]:
+        """A fork of whole boxes, processes included (``checkpoint``), else ``EnvError``."""
+        ...
+
 
 class ForkPoint(Protocol):
     """A checkpoint a ``ProcessFork`` made, named in the restore records."""
@@ -144,11 +149,6 @@ class ProcessFork(Protocol[E_contra, P]):
         """The runtime whose boxes it forks (the environment's ``container_runtime``)."""
         ...
 
-    @property
-    def needs(self) -> str:
-        """What it needs, for the error on another runtime ("the gVisor runtime (...)")."""
-        ...
-
     async def checkpoint(
         self, env: E_contra, state: State, name: str, labels: Mapping[str, str]
     ) -> P:
@@ -177,6 +177,12 @@ class RuncRuntime:
 
     async def create(self, engine: DockerEngine, spec: ContainerSpec) -> RuntimeHost:
         return await Container.create(engine, spec)
+
+    def process_fork(self, *, timeout: float) -> ProcessFork[Any, Any]:
+        raise EnvError(
+            "runc boxes are not checkpointed (the runtime lacks the 'checkpoint' capability); "
+            "their filesystem is committed instead"
+        )
 
 
 RUNC = RuncRuntime()

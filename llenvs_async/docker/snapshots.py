@@ -23,6 +23,7 @@ from .engine import DockerEngine
 from .reaper import _request, register_backstop
 
 __all__ = [
+    "CommittedImage",
     "SNAPSHOT_OWNER_LABEL",
     "SNAPSHOT_OWNER_START_LABEL",
     "SNAPSHOT_SESSION_LABEL",
@@ -40,6 +41,17 @@ SNAPSHOT_OWNER_LABEL = "llenvs.snapshot.owner"
 SNAPSHOT_OWNER_START_LABEL = "llenvs.snapshot.owner.start"
 SNAPSHOT_SESSION_LABEL = "llenvs.snapshot.session"
 SNAPSHOT_SOURCE_LABEL = "llenvs.snapshot.source"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommittedImage:
+    """A fork point that is a commit of a box's filesystem: ``image`` starts the copies."""
+
+    image: str
+
+    @property
+    def name(self) -> str:
+        return self.image
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

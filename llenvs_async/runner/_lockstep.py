@@ -7,7 +7,7 @@ from collections.abc import AsyncGenerator, Awaitable, Sequence
 from typing import Literal
 
 from .. import _timing
-from ..env import AgentEnvironment
+from ..env import VerifiesStops
 from ..errors import BackendError, ContextLengthError, EnvError, StepTimeoutError
 from ..types import Action, GenerationError, Trajectory, Transition
 from ._config import RunConfig
@@ -242,10 +242,10 @@ async def step_rollout(rollout: Rollout, cfg: RunConfig, closer: Closer) -> None
 
 async def verify_stop(rollout: Rollout, cfg: RunConfig) -> None:
     """A stop the runner made (the context window, its ``max_steps``) is verified like the
-    environment's own stops by its ``AgentEnvironment.verify_stop`` (None: not verified); the
+    environment's own stops by its ``VerifiesStops.verify_stop`` (None: not verified); the
     verdict goes on the last step. A failed verification fails the rollout."""
     env, state = rollout.env, rollout.state
-    if not isinstance(env, AgentEnvironment) or state is None or state.done:
+    if not isinstance(env, VerifiesStops) or state is None or state.done:
         return
     reason = rollout.stop_reason
     try:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .. import _timing
-from ..env import AgentEnvironment, Environment, new_episode_id
+from ..env import Environment, Placed, new_episode_id
 from ..errors import EnvError
 from ..types import (
     Action,
@@ -235,7 +235,7 @@ class Rollout:
 
     def note_env(self, env: Environment) -> None:
         """Record where the instance runs (a remote one's ``node_id``) in the trajectory's info."""
-        node = env.node_id if isinstance(env, AgentEnvironment) else None
+        node = env.node_id if isinstance(env, Placed) else None
         if node is not None:
             self.note("node_id", node)
 

@@ -5,8 +5,8 @@ A checkpoint stops the sandbox, so the episode that was checkpointed continues i
 restore too. After each restore a new relay attaches to the shell's FIFOs and a
 ``ShellSession`` adopts the running shell (``ShellSession.adopt``): cwd, unexported
 variables, functions, aliases, options and traps are simply still there.
-``SandboxProcessFork`` is how ``SnapshotRestore(processes=True)`` forks (the docker
-layer's ``ProcessFork``).
+``SandboxProcessFork`` is the gVisor runtime's ``ProcessFork``: how
+``SnapshotRestore(processes=True)`` forks sandboxes.
 """
 
 from __future__ import annotations
@@ -131,7 +131,6 @@ class SandboxProcessFork:
     the checkpoint images (``timeout`` bounds a checkpoint and each removal)."""
 
     runtime = "gvisor"
-    needs = "the gVisor runtime (HarborAdapter(runtime='gvisor'), --runtime gvisor)"
 
     def __init__(self, *, timeout: float = 120.0) -> None:
         self.timeout = timeout

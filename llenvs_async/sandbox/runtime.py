@@ -9,6 +9,7 @@ from ..docker.container import ContainerSpec
 from ..docker.engine import DockerEngine
 from ..docker.runtime import RuntimeHost, register_runtime
 from ..host import Capability
+from .fork import SandboxProcessFork
 from .runsc import find_runsc
 from .sandbox import Sandbox
 
@@ -29,6 +30,9 @@ class GvisorRuntime:
 
     async def create(self, engine: DockerEngine, spec: ContainerSpec) -> RuntimeHost:
         return await Sandbox.create(engine, spec)
+
+    def process_fork(self, *, timeout: float) -> SandboxProcessFork:
+        return SandboxProcessFork(timeout=timeout)
 
 
 GVISOR = GvisorRuntime()

@@ -9,9 +9,9 @@ import pytest
 from llenvs_async._ownership import OWNER_LABEL, Owner, current_owner, process_alive
 from llenvs_async.docker import CommandResult, ContainerSpec, format_observation
 from llenvs_async.docker.engine import split_image_ref
-from llenvs_async.docker.shell_task import cap_text
 from llenvs_async.host import KILL_TREE_SCRIPT, UPTIME_TICKS, CappedOutput
 from llenvs_async.host._shell_framing import DATA, TAGGED, Scanner
+from llenvs_async.shell_task import cap_text
 
 
 def test_capped_output_keeps_head_and_tail() -> None:

@@ -13,7 +13,7 @@ from llenvs_async.docker import Container
 from llenvs_async.docker.runtime import RUNC
 from llenvs_async.errors import ContainerError, EnvError
 from llenvs_async.host import KILL_TREE_SCRIPT, Carrier, Host, ShellChannel
-from llenvs_async.sandbox import GVISOR, Sandbox
+from llenvs_async.sandbox import GVISOR, Sandbox, SandboxProcessFork
 
 PID = 4242
 
@@ -134,3 +134,12 @@ def test_runtimes_declare_their_boxes_capabilities() -> None:
     assert issubclass(Container, Host) and issubclass(Sandbox, Host)
     assert RUNC.capabilities == Container.capabilities >= {"commit", "warm_pool", "pids"}
     assert GVISOR.capabilities == Sandbox.capabilities == {"checkpoint"}
+
+
+def test_a_runtime_offers_its_process_fork_by_its_capability() -> None:
+    """The fork of whole boxes comes from the runtime (no import of gVisor's by name); one
+    without ``checkpoint`` says so."""
+    fork = GVISOR.process_fork(timeout=5.0)
+    assert isinstance(fork, SandboxProcessFork) and fork.runtime == "gvisor" and fork.timeout == 5
+    with pytest.raises(EnvError, match=r"runc boxes are not checkpointed.*'checkpoint'"):
+        RUNC.process_fork(timeout=5.0)

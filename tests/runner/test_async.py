@@ -397,3 +397,34 @@ async def test_a_generate_call_outliving_close_timeout_does_not_mask_the_cancell
     release.set()
     await asyncio.wait(leftover, timeout=10)
     assert all(t.done() for t in leftover)
+
+
+@pytest.mark.parametrize("schedule", ["refill", "async"])
+async def test_the_offer_is_read_once_per_runner_not_per_rollout_or_stop(schedule: str) -> None:
+    """The runner reads an environment's offer once (``AgentSurface.of``); what it checks per
+    rollout (``node_id``) and per stop (``verify_stop``) is a narrow type that reads nothing
+    else: an instance's ``tools`` and ``example_turns`` are never evaluated."""
+    reads: list[str] = []
+
+    class Counted(CounterEnv):
+        @property
+        def tools(self) -> tuple[()]:
+            reads.append("tools")
+            return ()
+
+        @property
+        def example_turns(self) -> tuple[()]:
+            reads.append("example_turns")
+            return ()
+
+    async def factory() -> CounterEnv:
+        return Counted()
+
+    backend = RecordingBackend(ScriptedBackend(counter_policy))
+    runner = TrajectoryRunner(environment=Counted(), backend=backend, env_factory=factory)
+    made = len(reads)
+    assert set(reads) == {"example_turns", "tools"}
+    trajs = await runner.run_batch(_targets(6), batch_size=3, schedule=schedule, max_steps=2)
+    assert len(trajs) == 6 and all(t.error is None for t in trajs)
+    assert any(t.stop_reason == "max_steps" for t in trajs)  # stops the runner made, verified
+    assert len(reads) == made

@@ -161,7 +161,7 @@ async def test_processes_without_gvisor_is_a_clear_error(task_dir: Path) -> None
     async with HarborAdapter() as adapter, SnapshotRestore(processes=True) as restore:
         state = await prefix_state(adapter, task_dir, ("SECRET=1",))
         async with await adapter.get_environment(task_dir, None) as env:
-            with pytest.raises(RestoreError, match=r"gVisor runtime.*runs on 'runc'"):
+            with pytest.raises(RestoreError, match=r"checkpoints them .'gvisor'.*runs on 'runc'"):
                 await restore(env, state)
             assert env.container is None  # refused before anything started
 

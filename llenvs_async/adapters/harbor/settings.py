@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ...docker.runtime import get_runtime, runtime_names
-from ...docker.shell_task import DEFAULT_MAX_OBSERVATION_CHARS
 from ...errors import LlenvsError
 from ...protocols import PROTOCOLS, AgentProtocol
+from ...shell_task import DEFAULT_MAX_OBSERVATION_CHARS
 from .episode.budget import DEFAULT_COMMAND_TIMEOUT_SEC
 
 __all__ = ["HarborSettings", "HarborSettingsError"]

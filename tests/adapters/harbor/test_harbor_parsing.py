@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from llenvs_async.adapters.harbor.images.image import rewrite_from_lines
-from llenvs_async.docker.shell_task import observation_text
 from llenvs_async.host import CommandResult
+from llenvs_async.shell_task import observation_text
 
 
 @pytest.mark.parametrize(

@@ -19,8 +19,8 @@ from llenvs_async.adapters.harbor import (
     harbor_restore,
 )
 from llenvs_async.docker.engine import DockerEngine
-from llenvs_async.docker.fork import SNAPSHOT_REPO
 from llenvs_async.docker.pool import POOL_LABEL
+from llenvs_async.fork import SNAPSHOT_REPO
 from llenvs_async.policies import fenced
 
 from .conftest import EXAMPLES, harbor_containers, solution_policy

@@ -23,18 +23,18 @@ from dataclasses import replace
 from typing import Any, Literal
 
 from ....docker.container import Container
-from ....docker.fork import CommittedImage
 from ....docker.runtime import ForkPoint, RuntimeHost
-from ....docker.shell_task import (
+from ....docker.snapshots import CommittedImage
+from ....env import new_episode_id
+from ....errors import ClosedError, ContinuationPromptError, EnvError, RestoreError
+from ....host import CommandResult, ShellSession
+from ....protocols import AgentProtocol
+from ....shell_task import (
     DEFAULT_MAX_OBSERVATION_CHARS,
     ShellTaskEnvironment,
     capped_timeout,
     observation_text,
 )
-from ....env import new_episode_id
-from ....errors import ClosedError, ContinuationPromptError, EnvError, RestoreError
-from ....host import CommandResult, ShellSession
-from ....protocols import AgentProtocol
 from ....types import Action, Observation, State, StepResult
 from ..tasks.dataset import HarborDataset
 from ..tasks.task import HarborTask

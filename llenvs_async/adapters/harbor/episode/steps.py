@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ....docker.runtime import RuntimeHost
-from ....docker.shell_task import SUBMITTED_TEXT, StepReply
 from ....errors import EnvError, RestoreError
+from ....shell_task import SUBMITTED_TEXT, StepReply
 from ....types import Action, Observation, State, StepResult
 from ..tasks.config import VerifierConfig
 from ..tasks.task import HarborTask, TaskStep

@@ -2,9 +2,9 @@
 task image, the task name and the prefix of commands, replayed and re-anchored as
 ``harbor_restore`` does (task identity checked, budget restored).
 
-See ``llenvs_async.docker.fork`` for what a fork keeps (filesystem, cwd, umask, exports)
+See ``llenvs_async.fork`` for what a fork keeps (filesystem, cwd, umask, exports)
 and when it falls back to a replay (processes left running, a failed commit);
-``processes=True`` forks whole gVisor sandboxes (``llenvs_async.sandbox.SandboxProcessFork``).
+``processes=True`` forks whole boxes with the process fork of their runtime (gVisor's).
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from ....docker.engine import DockerEngine
-from ....docker.fork import (
+from ....env import Environment
+from ....fork import (
     ShellState,
     SnapshotFork,
     SnapshotKey,
@@ -21,7 +22,6 @@ from ....docker.fork import (
     capture_shell_state,
     prefix_digest,
 )
-from ....env import Environment
 from ....types import State
 from ..episode.environment import HarborEnvironment
 from .replay import check_restorable, reanchor, replay_prefix
@@ -45,16 +45,6 @@ class SnapshotRestore(SnapshotFork[HarborEnvironment]):
     ``processes=True`` (``runtime="gvisor"``): fork whole sandboxes, processes and the
     shell's full state included; on runc that is a ``RestoreError`` at the first restore.
     """
-
-    def __init__(
-        self, *, engine: DockerEngine | None = None, timeout: float = 120.0, processes: bool = False
-    ) -> None:
-        process_fork = None
-        if processes:
-            from ....sandbox.fork import SandboxProcessFork
-
-            process_fork = SandboxProcessFork(timeout=timeout)
-        super().__init__(engine=engine, timeout=timeout, process_fork=process_fork)
 
     def _check(self, env: Environment, state: State) -> HarborEnvironment:
         return check_restorable(env, state, "SnapshotRestore")

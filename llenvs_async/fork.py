@@ -16,10 +16,11 @@ functions, aliases, shell options, traps and the directory stack. Processes do n
 survive a commit either: when the replayed prefix leaves any running (background
 jobs, daemons), that state falls back to replay restore for every instance.
 
-With a ``ProcessFork`` (gVisor: ``llenvs_async.sandbox.SandboxProcessFork``) the first
-instance checkpoints its whole replayed box instead; every instance, that one included,
-continues in a box restored from it, processes, memory and the shell's state intact
-(``{"method": "checkpoint", "checkpoint": name}``). Another runtime is a ``RestoreError``.
+With ``processes=True`` the first instance checkpoints its whole replayed box instead,
+with the ``ProcessFork`` its runtime offers (``Runtime.process_fork``; gVisor's
+``SandboxProcessFork``); every instance, that one included, continues in a box restored
+from it, processes, memory and the shell's state intact (``{"method": "checkpoint",
+"checkpoint": name}``). A runtime without checkpoints is a ``RestoreError``.
 
 Each restored state records how in ``state.info["restore"]``: ``{"method":
 "snapshot", "image": ref}`` for a forked instance, ``{"method": "replay",
@@ -37,17 +38,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar
 
-from .._ownership import new_session_id
-from .._resource import AsyncResource
-from .._shield import shielded
-from ..env import Environment
-from ..errors import ClosedError, ContainerError, EnvError, LlenvsError, RestoreError
-from ..host import ShellSession, ShellState, apply_shell_state, capture_shell_state, run_probe
-from ..types import Action, State
-from .engine import DockerEngine
-from .images import tag_slug
-from .runtime import ForkPoint, ProcessFork, RuntimeHost
-from .snapshots import register_snapshot_backstop, remove_image, snapshot_labels
+from ._ownership import new_session_id
+from ._resource import AsyncResource
+from ._shield import shielded
+from .docker.engine import DockerEngine
+from .docker.images import tag_slug
+from .docker.runtime import ForkPoint, ProcessFork, RuntimeHost, get_runtime, runtime_names
+from .docker.snapshots import (
+    CommittedImage,
+    register_snapshot_backstop,
+    remove_image,
+    snapshot_labels,
+)
+from .env import Environment
+from .errors import ClosedError, ContainerError, EnvError, LlenvsError, RestoreError
+from .host import ShellSession, ShellState, apply_shell_state, capture_shell_state, run_probe
+from .types import Action, State
 
 __all__ = [
     "SNAPSHOT_REPO",
@@ -73,17 +79,6 @@ for __llenvs_d in /proc/[0-9]*; do
   set -- ${__llenvs_l##*)}
   echo "${__llenvs_d#/proc/} $2 $1 $__llenvs_c"
 done )"""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CommittedImage:
-    """A fork point that is a commit of a box's filesystem: ``image`` starts the copies."""
-
-    image: str
-
-    @property
-    def name(self) -> str:
-        return self.image
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,19 +193,17 @@ class SnapshotFork(AsyncResource, Generic[E]):
     ``_replay`` (reset + replay the prefix) and ``_reanchor`` (the restored state, with
     ``info`` merged). ``engine`` (owned by the caller) removes snapshots; by default the
     subclass's ``_open_engine`` gives one. ``timeout`` bounds a commit, and the removal.
-    ``process_fork`` (closed with this object): fork whole boxes, processes included.
+    ``processes=True``: fork whole boxes, processes included, with the process fork that
+    the environment's runtime offers (``Runtime.process_fork``; closed with this object).
     """
 
     def __init__(
-        self,
-        *,
-        engine: DockerEngine | None = None,
-        timeout: float = 120.0,
-        process_fork: ProcessFork[E, Any] | None = None,
+        self, *, engine: DockerEngine | None = None, timeout: float = 120.0, processes: bool = False
     ) -> None:
         self.session_id = new_session_id()
         self.timeout = timeout
-        self.process_fork = process_fork
+        self.processes = processes
+        self.process_fork: ProcessFork[E, Any] | None = None  # made at the first restore
         self._engine = engine
         self._owns_engine = False
         self._engine_lock = asyncio.Lock()
@@ -218,11 +211,6 @@ class SnapshotFork(AsyncResource, Generic[E]):
         self._images: dict[str, str] = {}  # ref -> image id once committed (removal target)
         self._stats = SnapshotStats()
         self._closed = False
-
-    @property
-    def processes(self) -> bool:
-        """Whether whole boxes are forked, processes included (a ``process_fork`` given)."""
-        return self.process_fork is not None
 
     @property
     def stats(self) -> SnapshotStats:
@@ -238,14 +226,8 @@ class SnapshotFork(AsyncResource, Generic[E]):
         if self._closed:
             raise ClosedError(type(self).__name__)
         forkable = self._check(env, state)
-        runtime = forkable.container_runtime
-        fork = self.process_fork
-        if fork is not None and runtime != fork.runtime:
-            raise RestoreError(
-                f"{type(self).__name__}(processes=True) forks whole boxes with their processes "
-                f"and needs {fork.needs}; this {type(env).__name__} runs on {runtime!r}",
-                runtime=runtime,
-            )
+        if self.processes:
+            self._process_fork_on(forkable.container_runtime, env)
         started = time.monotonic()
         if not state.actions:
             return await self._fallback(forkable, state, started, "empty prefix: nothing to fork")
@@ -283,6 +265,22 @@ class SnapshotFork(AsyncResource, Generic[E]):
                 await shielded(engine.aclose(), within=self.timeout)
         if failed:
             raise ContainerError(f"could not remove snapshot images: {'; '.join(failed)}")
+
+    def _process_fork_on(self, runtime: str, env: Environment) -> None:
+        """Make the process fork of ``runtime`` at the first restore; a ``RestoreError`` when
+        that runtime has no checkpoints or differs from the first restore's."""
+        fork = self.process_fork
+        if fork is None and "checkpoint" in get_runtime(runtime).capabilities:
+            self.process_fork = fork = get_runtime(runtime).process_fork(timeout=self.timeout)
+        if fork is None or fork.runtime != runtime:
+            able = [n for n in runtime_names() if "checkpoint" in get_runtime(n).capabilities]
+            wanted = " or ".join(repr(n) for n in ([fork.runtime] if fork else able))
+            raise RestoreError(
+                f"{type(self).__name__}(processes=True) forks whole boxes with their processes "
+                f"and needs a runtime that checkpoints them ({wanted}: HarborAdapter(runtime=...), "
+                f"--runtime); this {type(env).__name__} runs on {runtime!r}",
+                runtime=runtime,
+            )
 
     # -- what a subclass gives ---------------------------------------------------------------
 

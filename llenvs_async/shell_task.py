@@ -27,11 +27,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..env import BaseEnvironment
-from ..errors import StaleStateError
-from ..host import CommandResult
-from ..protocols import AgentProtocol, CallResult, Parsed, get_protocol
-from ..types import Action, ChatMessage, History, Observation, State, StepResult
+from .env import BaseEnvironment
+from .errors import StaleStateError
+from .host import CommandResult
+from .protocols import AgentProtocol, CallResult, Parsed, get_protocol
+from .types import Action, ChatMessage, History, Observation, State, StepResult
 
 __all__ = [
     "DEFAULT_MAX_OBSERVATION_CHARS",
