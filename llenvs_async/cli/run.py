@@ -16,8 +16,8 @@ from .._extras import import_extra
 from .._shield import shielded
 from ..env import EnvFactory, Environment, replay_restore
 from ..errors import DockerUnavailableError, MissingExtraError
-from ..serialization import JsonlWriter
-from ..types import ErrorInfo, Observation, State, Trajectory
+from ..serialization import JsonlWriter, SerializationError, StepJournal, read_journal
+from ..types import ErrorInfo, Observation, State, Trajectory, Transition
 from . import _options as opt
 from ._backend import BackendKind, BackendOptions, open_runner
 from ._common import CliError, console, err_console, run_async
@@ -28,6 +28,7 @@ from ._sources import Source, SourceSpec, TaskRef, open_source, select_tasks
 __all__ = ["run"]
 
 # Not a task failure: a bug, or no Docker engine at all. These abort the command.
+_Key = tuple[int | str, int]
 _FATAL = (TypeError, AttributeError, AssertionError, NameError, DockerUnavailableError)
 
 
@@ -35,6 +36,10 @@ _FATAL = (TypeError, AttributeError, AssertionError, NameError, DockerUnavailabl
 class _Job:
     ref: TaskRef
     rollout: int
+
+    @property
+    def key(self) -> _Key:
+        return (self.ref.key, self.rollout)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +58,11 @@ class _Setup:
         info["wall_sec"] = _timing.seconds(float(info.get("wall_sec", 0.0)) + self.seconds)
         return replace(trajectory, info=info)
 
+    @classmethod
+    def none(cls) -> _Setup:
+        """A resumed rollout's: its task was set up by the run it was cut from."""
+        return cls(started_at=_timing.utc_now(), seconds=0.0)
+
 
 def run(
     dataset: opt.DatasetArg = None,
@@ -61,7 +71,12 @@ def run(
         "results.jsonl"
     ),
     resume: Annotated[
-        bool, typer.Option("--resume", help="Skip (task, rollout) pairs already in --out.")
+        bool,
+        typer.Option(
+            "--resume",
+            help="Skip (task, rollout) pairs already in --out; continue the ones a kill cut "
+            "from their last journaled step.",
+        ),
     ] = False,
     retry_failed: Annotated[
         bool, typer.Option("--retry-failed", help="With --resume: rerun rollouts that failed.")
@@ -122,7 +137,9 @@ def run(
     )  # fmt: skip
     if rollouts < 1 or n_concurrent < 1:
         raise CliError("--rollouts and --n-concurrent must be >= 1")
-    skip = _existing_keys(out, spec, resume=resume, retry_failed=retry_failed, force=force)
+    skip, recorded = _existing_keys(
+        out, spec, resume=resume, retry_failed=retry_failed, force=force
+    )
     written = 0
     try:
         with _on_ray(ray_address):
@@ -130,6 +147,7 @@ def run(
                 lambda: _collect(
                     spec, options, out, skip, tasks or [], limit, rollouts, n_concurrent, quiet,
                     force, on_ray=ray_address is not None, schedule=schedule.value,
+                    resume_from=recorded if resume else None,
                 )
             )  # fmt: skip
     except KeyboardInterrupt:
@@ -156,7 +174,8 @@ def run(
 
 def _existing_keys(
     out: Path, spec: SourceSpec, *, resume: bool, retry_failed: bool, force: bool
-) -> set[tuple[int | str, int]]:
+) -> tuple[set[_Key], set[_Key]]:
+    """The (task, rollout) pairs to skip, and every pair the results file holds."""
     if resume and force:
         raise CliError("--resume and --force contradict each other")
     if retry_failed and not resume:
@@ -166,9 +185,9 @@ def _existing_keys(
     if out.is_dir():
         raise CliError(f"--out {str(out)!r} is a directory")
     if not out.exists() or out.stat().st_size == 0:
-        return set()
+        return set(), set()
     if force:  # replaced only once the run is known to start (see _collect)
-        return set()
+        return set(), set()
     if not resume:
         raise CliError(
             f"{out} already exists: pass --resume to continue it or --force to replace it"
@@ -177,14 +196,15 @@ def _existing_keys(
     for record in records:
         if record.source != spec:
             raise CliError(f"{out} was written for {record.source.label}, not {spec.label}")
-    return {r.key for r in records if not (retry_failed and r.trajectory.error is not None)}
+    skip = {r.key for r in records if not (retry_failed and r.trajectory.error is not None)}
+    return skip, {r.key for r in records}
 
 
 async def _collect(
     spec: SourceSpec,
     options: BackendOptions,
     out: Path,
-    skip: set[tuple[int | str, int]],
+    skip: set[_Key],
     selectors: list[str],
     limit: int | None,
     rollouts: int,
@@ -194,7 +214,14 @@ async def _collect(
     *,
     on_ray: bool = False,
     schedule: str = "refill",
+    resume_from: set[_Key] | None = None,
 ) -> int:
+    """Run every job not in ``skip``, each trajectory appended to ``out`` as it finishes and
+    each settled step to the journal beside it (``journal_path``). ``resume_from`` (with
+    --resume: the pairs ``out`` holds): a job the journal has steps of and ``out`` has not
+    continues from its last one; otherwise the journal starts empty. A run that ends with
+    every job written removes its journal."""
+    journal = journal_path(out)
     async with open_source(spec) as source:
         if on_ray:
             _distribute(source)
@@ -202,37 +229,93 @@ async def _collect(
         jobs = [_Job(ref, r) for ref in refs for r in range(rollouts) if (ref.key, r) not in skip]
         if not jobs:
             return 0
+        cut = _cut_rollouts(journal, jobs, resume_from)
         await source.check()
         async with open_runner(source, options, schedule=schedule) as runner:
             if replace:  # --force: the old file goes only once nothing can stop the run
                 await anyio.Path(out).unlink(missing_ok=True)
+            if resume_from is None:
+                await anyio.Path(journal).unlink(missing_ok=True)
             with (
                 JsonlWriter(out) as writer,
+                StepJournal(journal, cut.items()) as steps,
                 RolloutProgress(
                     len(jobs), runner.stats, console=err_console, enabled=not quiet
                 ) as progress,
             ):
-                starts = await _initial_states(source, jobs, n_concurrent)
+                fresh = [job for job in jobs if job.key not in cut]
+                starts = dict(zip(fresh, await _initial_states(source, fresh, n_concurrent),
+                                  strict=True))  # fmt: skip
                 runnable: list[tuple[_Job, State, _Setup]] = []
-                for job, (start, setup) in zip(jobs, starts, strict=True):
+                prefixes: list[tuple[Transition, ...]] = []
+                for job in jobs:
+                    if job.key in cut:  # continued from its last journaled step
+                        partial = cut[job.key]
+                        runnable.append((job, partial.final_state, _Setup.none()))
+                        prefixes.append(partial.transitions)
+                        continue
+                    start, setup = starts[job]
                     if isinstance(start, State):
                         runnable.append((job, start, setup))
+                        prefixes.append(())
                     else:  # the task itself failed to start: that is data too
                         _save(writer, progress, spec, job, setup.add_to(start))
-                states = [state for _, state, _ in runnable]
-                if not states:  # every task failed to start: recorded above, nothing to roll out
-                    return writer.written
-                # Seeds follow each rollout's (task, rollout) key, not its place in this
-                # run: a resumed run draws what the first one would have.
-                ids = [job.rollout for job, _, _ in runnable]
-                async with contextlib.aclosing(
-                    runner.iter_batch_from_states(states, batch_size=n_concurrent, rollout_ids=ids)
-                ) as trajectories:
-                    async for trajectory in trajectories:
-                        assert trajectory.index is not None
-                        job, _, setup = runnable[trajectory.index]
-                        _save(writer, progress, spec, job, setup.add_to(trajectory))
-                return writer.written
+                if runnable:
+                    # Seeds follow each rollout's (task, rollout) key, not its place in this
+                    # run: a resumed run draws what the first one would have.
+                    ids = [job.rollout for job, _, _ in runnable]
+                    states = [state for _, state, _ in runnable]
+
+                    def journal_step(index: int, step: int, transition: Transition) -> None:
+                        steps.write(runnable[index][0].key, step, transition)
+
+                    async with contextlib.aclosing(
+                        runner.iter_batch_from_states(
+                            states, batch_size=n_concurrent, rollout_ids=ids, prefixes=prefixes,
+                            on_step=journal_step,
+                        )
+                    ) as trajectories:  # fmt: skip
+                        async for trajectory in trajectories:
+                            assert trajectory.index is not None
+                            job, _, setup = runnable[trajectory.index]
+                            _save(writer, progress, spec, job, setup.add_to(trajectory))
+                written = writer.written
+        await anyio.Path(journal).unlink(missing_ok=True)  # every job is in ``out`` now
+        return written
+
+
+def journal_path(out: Path) -> Path:
+    """Where a run writing ``out`` journals its in-flight rollouts' steps."""
+    return out.with_name(f"{out.name}.steps")
+
+
+def _cut_rollouts(
+    journal: Path, jobs: list[_Job], resume_from: set[_Key] | None
+) -> dict[_Key, Trajectory]:
+    """The journaled steps of each job a kill cut (in the journal, not in the results), by
+    key; checked to belong to the job's task."""
+    if resume_from is None:
+        return {}
+    try:
+        journaled = read_journal(journal)
+    except SerializationError as exc:
+        raise CliError(f"cannot resume from the step journal: {exc}") from None
+    tasks = {job.key: job.ref.task for job in jobs}
+    cut: dict[_Key, Trajectory] = {}
+    for name, partial in journaled.items():
+        if len(name) != 2 or not isinstance(name[1], int):
+            raise CliError(f"{journal}: {list(name)} is not a (task, rollout) key")
+        key = (name[0], name[1])
+        if key in resume_from or key not in tasks or not partial.transitions:
+            continue  # finished (in the results), not asked for this time, or no step yet
+        if partial.initial_state.task != tasks[key]:
+            raise CliError(
+                f"{journal}: rollout {list(key)} began in task "
+                f"{partial.initial_state.task!r}, not {tasks[key]!r}: it was written by "
+                "another run"
+            )
+        cut[key] = partial
+    return cut
 
 
 @contextlib.contextmanager

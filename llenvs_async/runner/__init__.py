@@ -3,7 +3,7 @@ rollout stream for training loops."""
 
 from __future__ import annotations
 
-from ._config import RunnerStats
+from ._config import RunnerStats, StepHook
 from ._lockstep import SCHEDULES, Schedule
 from ._rollout import PromptBuilder
 from ._runner import TrajectoryRunner
@@ -15,6 +15,7 @@ __all__ = [
     "RolloutStream",
     "RunnerStats",
     "Schedule",
+    "StepHook",
     "StreamInput",
     "StreamStats",
     "TrajectoryRunner",

@@ -22,7 +22,7 @@ from .._shield import shielded
 from ..types import Trajectory
 from ._config import RunConfig
 from ._instances import prepare_one
-from ._lockstep import generate_actions, step_rollout
+from ._lockstep import generate_actions, hand_steps, step_rollout
 from ._rollout import Rollout
 from ._run import Run, first_of
 from ._slots import Slots
@@ -128,6 +128,7 @@ async def _drive(rollout: Rollout, cfg: RunConfig, batcher: Batcher, run: Run) -
             await step_rollout(rollout, cfg, closer)
             if tokens is not None:
                 await tokens.extend([rollout])
+            hand_steps((rollout,), cfg)
     finally:
         batcher.left()
         run.driving -= 1  # now, not when the loop sees it: its instance counts as closing

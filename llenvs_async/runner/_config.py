@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..backends.base import Backend
 from ..env import EnvFactory, Environment, RestoreFn
-from ..types import ChatMessage, SamplingParams
+from ..types import ChatMessage, SamplingParams, Transition
 from ._rollout import PromptBuilder
 
 if TYPE_CHECKING:
     from ._tokens import TokenPrompts
 
-__all__ = ["COALESCE_WINDOW", "RunConfig", "RunnerStats"]
+__all__ = ["COALESCE_WINDOW", "RunConfig", "RunnerStats", "StepHook"]
+
+StepHook = Callable[[int, int, Transition], None]
+"""``on_step(index, step, transition)``: rollout ``index`` (its input's position) has taken
+step ``step`` of its trajectory (a resumed rollout's prefix counted), settled: its token ids
+attached, a stop's verdict folded in. A step changed after it was handed (a later verdict)
+is handed again with the same ``step``. What a run journals to resume from."""
 
 # The async schedule holds a ready request this long for others to join its generate call:
 # short next to an engine's forward pass (~10-50 ms per decode step on a GPU, more on CPU)
@@ -68,6 +74,7 @@ class RunConfig:
     tool_choice: str | Mapping[str, Any] | None = None
     keep_reasoning: bool = False  # chat mode: re-send earlier turns' reasoning
     coalesce_window: float = COALESCE_WINDOW  # the async schedule's batching window (s)
+    on_step: StepHook | None = None
 
     @property
     def multi_instance(self) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Awaitable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Iterable, Sequence
 from typing import Literal
 
 from .. import _timing
@@ -134,6 +134,7 @@ async def _round(active: Sequence[Rollout], cfg: RunConfig, closer: Closer) -> N
         for rollout in stepping:
             if rollout.finished:  # a failed observation turn (idempotent otherwise)
                 closer.close(rollout)
+    hand_steps(stepping, cfg)
 
 
 async def generate_actions(rollouts: Sequence[Rollout], cfg: RunConfig) -> None:
@@ -238,6 +239,17 @@ async def step_rollout(rollout: Rollout, cfg: RunConfig, closer: Closer) -> None
             await verify_stop(rollout, cfg)
     if rollout.finished:
         closer.close(rollout)  # in the background: the next round does not wait for it
+
+
+def hand_steps(rollouts: Iterable[Rollout], cfg: RunConfig) -> None:
+    """Give ``cfg.on_step`` each rollout's settled steps that it has not had as they now are."""
+    hook = cfg.on_step
+    if hook is None:
+        return
+    for rollout in rollouts:
+        for step in range(rollout.handed, rollout.length):
+            hook(rollout.spec.index, step, rollout.step(step, timed=True))
+        rollout.handed = rollout.length
 
 
 async def verify_stop(rollout: Rollout, cfg: RunConfig) -> None:

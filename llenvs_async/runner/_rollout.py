@@ -141,7 +141,9 @@ def with_saved_history(restored: State, saved: State) -> State:
 class RolloutInput:
     """What one rollout starts from: a task to reset to, or a saved state to restore.
     ``index`` is its position in the run; ``rollout_id`` (default: ``index``) is what its
-    seeds follow, so a caller that resumes a run keeps each rollout's own draws."""
+    seeds follow, so a caller that resumes a run keeps each rollout's own draws. ``prefix``:
+    the steps this rollout already took (a resumed one; ``state`` is where they led): its
+    trajectory starts with them and ``max_steps`` counts them."""
 
     index: int
     task: int | str | None = None
@@ -149,6 +151,7 @@ class RolloutInput:
     state: State | None = None
     forced_action: Action | None = None
     rollout_id: int | None = None
+    prefix: tuple[Transition, ...] = ()
 
     @property
     def seed_id(self) -> int:
@@ -193,6 +196,7 @@ class Rollout:
     asked: float = 0.0
     generate_sec: float | None = None
     times: array[float] = field(default_factory=lambda: array("d"))
+    handed: int = 0  # steps given to the run's ``on_step`` as they now are (see ``hand_steps``)
 
     @property
     def length(self) -> int:
@@ -228,6 +232,7 @@ class Rollout:
             self.step_tokens = [None] * self.length
         if self.step_tokens is not None:
             self.step_tokens[-1] = t.tokens
+        self.handed = min(self.handed, self.length - 1)  # changed: handed again
 
     @property
     def finished(self) -> bool:
@@ -262,6 +267,8 @@ class Rollout:
         self.asked = _timing.clock()
         self.steps_left = steps_left
         self.messages = (*self.messages, *preamble, *conversation(state, keep_reasoning))
+        if self.spec.prefix:
+            self._take_prefix(self.spec.prefix)
         if self.pending_action is not None and state.done:
             # Dropping the forced action would return an empty trajectory that looks like a
             # clean Q(s, a) sample of 0 although ``a`` was never taken.
@@ -276,6 +283,21 @@ class Rollout:
             )
             return
         self.check_stop(env_max_steps)
+
+    def _take_prefix(self, prefix: tuple[Transition, ...]) -> None:
+        """Start a resumed rollout with the steps it already took: its trajectory begins
+        with them (their info keeps the durations they were recorded with), its step budget
+        counts them."""
+        self.initial_state = prefix[0].state
+        for t in prefix:
+            self.steps += (t.state, t.action, t.next_state, t.reward, t.completion, t.info)
+            _timing.record(self.times, None, 0.0)
+        if any(t.tokens is not None for t in prefix):
+            self.step_tokens = [t.tokens for t in prefix]
+        if self.steps_left is not None:
+            self.steps_left -= len(prefix)
+        self.handed = len(prefix)
+        self.note("resumed_at_step", len(prefix))
 
     def request(
         self,

@@ -13,9 +13,9 @@ from .._resource import AsyncResource
 from ..backends.base import Backend
 from ..env import AgentSurface, EnvFactory, Environment, RestoreFn, replay_restore
 from ..errors import ClosedError
-from ..types import Action, ChatMessage, SamplingParams, State, Trajectory
+from ..types import Action, ChatMessage, SamplingParams, State, Trajectory, Transition
 from ._async import run_async
-from ._config import COALESCE_WINDOW, RunConfig, RunnerStats
+from ._config import COALESCE_WINDOW, RunConfig, RunnerStats, StepHook
 from ._lockstep import SCHEDULES, Schedule, run_rollouts
 from ._rollout import PromptBuilder, RolloutInput
 from ._slots import Slots
@@ -164,12 +164,15 @@ class TrajectoryRunner(AsyncResource):
         max_steps: int | None = None,
         schedule: Schedule | None = None,
         rollout_ids: Sequence[int] | None = None,
+        on_step: StepHook | None = None,
     ) -> list[Trajectory]:
         """Roll out one episode per task from ``reset(task)``; results in input order.
 
         ``rollout_ids`` (default: each input's position) are what the sampling seeds and
         scripted draws follow, with the task and the step: give each rollout its number
         within its task and a resumed run that leaves some out keeps the others' draws.
+        ``on_step(index, step, transition)`` is given every step once it is settled (see
+        ``StepHook``): what a run journals so that a kill loses no step.
         """
         tasks = _as_sequence("tasks", tasks)
         if seeds is not None and len(seeds) != len(tasks):
@@ -179,7 +182,7 @@ class TrajectoryRunner(AsyncResource):
             for i, task in enumerate(tasks)
         ]
         specs = _with_ids(specs, rollout_ids, "tasks")
-        return await self._collect(specs, batch_size, max_steps, schedule)
+        return await self._collect(specs, batch_size, max_steps, schedule, on_step)
 
     async def run_batch_from_states(
         self,
@@ -189,11 +192,17 @@ class TrajectoryRunner(AsyncResource):
         *,
         schedule: Schedule | None = None,
         rollout_ids: Sequence[int] | None = None,
+        prefixes: Sequence[Sequence[Transition]] | None = None,
+        on_step: StepHook | None = None,
     ) -> list[Trajectory]:
         """Roll out from saved states (restored per instance when not pure); input order.
-        ``rollout_ids`` as in ``run_batch``."""
-        specs = _with_ids(_state_specs(states, None), rollout_ids, "states")
-        return await self._collect(specs, batch_size, max_steps, schedule)
+        ``rollout_ids`` and ``on_step`` as in ``run_batch``. ``prefixes``: resume rollouts,
+        each from the steps it already took (``states[i]`` is where ``prefixes[i]`` led, an
+        empty one starts afresh): each trajectory begins with its prefix, ``max_steps``
+        counts it, and ``info["resumed_at_step"]`` says where it was resumed."""
+        specs = _with_prefixes(_state_specs(states, None), prefixes)
+        specs = _with_ids(specs, rollout_ids, "states")
+        return await self._collect(specs, batch_size, max_steps, schedule, on_step)
 
     async def run_batch_from_state_actions(
         self,
@@ -220,14 +229,18 @@ class TrajectoryRunner(AsyncResource):
         actions: Sequence[Action | str] | None = None,
         schedule: Schedule | None = None,
         rollout_ids: Sequence[int] | None = None,
+        prefixes: Sequence[Sequence[Transition]] | None = None,
+        on_step: StepHook | None = None,
     ) -> AsyncGenerator[Trajectory, None]:
         """Yield trajectories as they finish (``Trajectory.index`` says which input;
-        ``rollout_ids`` as in ``run_batch``).
+        ``rollout_ids`` and ``on_step`` as in ``run_batch``, ``prefixes`` as in
+        ``run_batch_from_states``).
 
         Wrap in ``contextlib.aclosing`` to tear instances down the moment you stop early.
         """
-        specs = _with_ids(_state_specs(states, actions), rollout_ids, "states")
-        iterate = self._iterate(specs, batch_size, max_steps, schedule)
+        specs = _with_prefixes(_state_specs(states, actions), prefixes)
+        specs = _with_ids(specs, rollout_ids, "states")
+        iterate = self._iterate(specs, batch_size, max_steps, schedule, on_step)
         async with contextlib.aclosing(iterate) as it:
             async for trajectory in it:
                 yield trajectory
@@ -268,10 +281,11 @@ class TrajectoryRunner(AsyncResource):
         batch_size: int | None,
         max_steps: int | None,
         schedule: Schedule | None,
+        on_step: StepHook | None = None,
     ) -> list[Trajectory]:
         results: list[Trajectory | None] = [None] * len(specs)
         try:
-            iterate = self._iterate(specs, batch_size, max_steps, schedule)
+            iterate = self._iterate(specs, batch_size, max_steps, schedule, on_step)
             async with contextlib.aclosing(iterate) as it:
                 async for trajectory in it:
                     assert trajectory.index is not None
@@ -291,9 +305,12 @@ class TrajectoryRunner(AsyncResource):
         batch_size: int | None,
         max_steps: int | None,
         schedule: Schedule | None,
+        on_step: StepHook | None = None,
     ) -> AsyncGenerator[Trajectory, None]:
         _check_positive("batch_size", batch_size)
-        rollouts = self._run(SpecSource(specs), batch_size or len(specs), max_steps, schedule)
+        rollouts = self._run(
+            SpecSource(specs), batch_size or len(specs), max_steps, schedule, on_step
+        )
         async with contextlib.aclosing(rollouts) as it:
             async for trajectory in it:
                 yield trajectory
@@ -304,6 +321,7 @@ class TrajectoryRunner(AsyncResource):
         batch_size: int,
         max_steps: int | None,
         schedule: Schedule | None,
+        on_step: StepHook | None = None,
     ) -> AsyncGenerator[Trajectory, None]:
         """Every input of ``source``, at most ``batch_size`` live, as they finish."""
         if self._closed:
@@ -311,7 +329,7 @@ class TrajectoryRunner(AsyncResource):
         _check_positive("batch_size", batch_size)
         _check_positive("max_steps", max_steps)
         schedule = self.schedule if schedule is None else _check_schedule(schedule)
-        cfg = self._config(max_steps)
+        cfg = self._config(max_steps, on_step)
         if not self.environment.pure_step and self.env_factory is None:
             # One shared stateful instance: one rollout at a time, one run at a time.
             one = _scheduler(source, cfg, 1, schedule, None)
@@ -325,7 +343,7 @@ class TrajectoryRunner(AsyncResource):
             async for trajectory in it:
                 yield trajectory
 
-    def _config(self, max_steps: int | None) -> RunConfig:
+    def _config(self, max_steps: int | None, on_step: StepHook | None = None) -> RunConfig:
         return RunConfig(
             environment=self.environment,
             backend=self.backend,
@@ -351,6 +369,7 @@ class TrajectoryRunner(AsyncResource):
             tool_choice=self.tool_choice,
             keep_reasoning=self.keep_reasoning,
             coalesce_window=self.coalesce_window,
+            on_step=on_step,
         )
 
 
@@ -437,6 +456,30 @@ def _with_ids(
                 f"rollout_ids[{i}] must be an int, got {type(rollout_id).__name__} {rollout_id!r}"
             )
     return [replace(spec, rollout_id=r) for spec, r in zip(specs, ids, strict=True)]
+
+
+def _with_prefixes(
+    specs: list[RolloutInput], prefixes: Sequence[Sequence[Transition]] | None
+) -> list[RolloutInput]:
+    """``specs`` resuming from the steps each already took, checked against its state."""
+    if prefixes is None:
+        return specs
+    given = _as_sequence("prefixes", prefixes)
+    if len(given) != len(specs):
+        raise ValueError(f"prefixes has {len(given)} items but states has {len(specs)}")
+    out = []
+    for i, (spec, prefix) in enumerate(zip(specs, given, strict=True)):
+        steps = tuple(prefix)
+        if any(not isinstance(t, Transition) for t in steps):
+            raise TypeError(f"prefixes[{i}] must hold Transitions")
+        assert spec.state is not None
+        if steps and steps[-1].next_state.step != spec.state.step:
+            raise ValueError(
+                f"prefixes[{i}] ends at step {steps[-1].next_state.step} but states[{i}] is "
+                f"at step {spec.state.step}: a prefix leads to its state"
+            )
+        out.append(replace(spec, prefix=steps))
+    return out
 
 
 def _state_specs(

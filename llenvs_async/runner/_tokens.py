@@ -211,7 +211,9 @@ class TokenPrompts:
             assert state is not None and type(state.actions) is ActionPath
             if templated:  # keep it on the state: what restores from here will send
                 state = replace(state, actions=state.actions.with_prefix(prefix))
-                rollout.initial_state = rollout.state = state
+                if not rollout.length:  # a resumed rollout keeps the state it began in
+                    rollout.initial_state = state
+                rollout.state = state
             rollout.prompt_ids = prefix
         return failed
 

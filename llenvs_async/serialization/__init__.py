@@ -15,22 +15,27 @@ arrays for other readers; reading rebuilds the record from the steps.
 
 A JSONL file holds one record (a JSON object) per line. ``JsonlWriter`` appends
 and flushes one line per record; ``read_jsonl`` skips a truncated last line (a
-writer killed mid-line) and rejects any other malformed line by number.
+writer killed mid-line) and rejects any other malformed line by number. A run's step
+journal (``StepJournal``, ``read_journal``) holds its in-flight rollouts' steps the same way.
 """
 
 from __future__ import annotations
 
 from ._decode import from_dict
 from ._encode import to_dict
+from ._journal import JournalKey, StepJournal, read_journal
 from ._jsonl import JsonlWriter, iter_jsonl, read_jsonl, read_trajectories
 from ._values import FORMAT_VERSION, SerializationError
 
 __all__ = [
     "FORMAT_VERSION",
+    "JournalKey",
     "JsonlWriter",
     "SerializationError",
+    "StepJournal",
     "from_dict",
     "iter_jsonl",
+    "read_journal",
     "read_jsonl",
     "read_trajectories",
     "to_dict",

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from llenvs_async.cli._results import load_results, unique_by_key
-from llenvs_async.serialization import read_jsonl, read_trajectories
+from llenvs_async.cli.run import journal_path
+from llenvs_async.serialization import read_journal, read_jsonl, read_trajectories
 from llenvs_async.testing.openai_server import Fault, OpenAITestServer, serve_openai_compatible
 
 from ._docker import containers_of
@@ -20,6 +21,12 @@ BLOCK_AFTER = 14  # chat requests answered before the fake model hangs (two chun
 
 def _keys(path: Path) -> list[tuple[Any, int]]:
     return [(r["key"]["task"], r["key"]["rollout"]) for r in read_jsonl(path)]
+
+
+def _mid_episode(out: Path) -> bool:
+    """Whether the step journal holds a step of a rollout the results file does not."""
+    done = set(_keys(out))
+    return any((k[0], k[1]) not in done for k in read_journal(journal_path(out)))
 
 
 def _complete_lines(path: Path) -> int:
@@ -78,6 +85,73 @@ async def test_sigint_mid_run_then_resume_loses_and_duplicates_nothing(
     assert sorted(after) == ALL_KEYS  # every (task, rollout) exactly once
     assert f"wrote {len(ALL_KEYS) - len(before)} trajectories" in res.out
     assert all(t.success for t in read_trajectories(out))
+
+
+async def test_sigkill_mid_episode_then_resume_continues_each_cut_rollout_from_its_last_step(
+    tmp_path: Path, cli: Invoke
+) -> None:
+    """A kill -9 while rollouts are mid-episode: the resumed run continues each from the
+    last step its journal holds (asking the model only for the steps left: none lost,
+    none taken twice), and removes the journal once every rollout is written."""
+    out = tmp_path / "r.jsonl"
+    journal = journal_path(out)
+    calls = 0
+    server: OpenAITestServer
+
+    def policy(messages: Any) -> str:
+        nonlocal calls
+        calls += 1
+        if calls == BLOCK_AFTER + 3:  # tasks 0 and 1 done, task 2's rollouts a step in
+            server.inject(Fault.delayed(3600, times=10**6))
+        return "right"
+
+    run = ("run", "--env", "chain", "-n", "2", "-c", "2", "-o", str(out), "-q",
+           "--backend", "openai", "--model", "fake-model")  # fmt: skip
+    async with serve_openai_compatible(policy=policy) as server:
+        proc = await asyncio.create_subprocess_exec(
+            *CLI, *run, "--base-url", server.base_url,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            async with asyncio.timeout(60):
+                while server.in_flight < 1 or calls < BLOCK_AFTER + 3:
+                    assert proc.returncode is None, await proc.stderr.read()  # type: ignore[union-attr]
+                    await asyncio.sleep(0.02)
+            proc.kill()  # no teardown, no flush beyond what each step already did
+            await proc.wait()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    done = set(_keys(out))
+    cut = {k: t for k, t in read_journal(journal).items() if (k[0], k[1]) not in done}
+    assert cut and all(len(t) >= 1 for t in cut.values()), cut  # caught mid-episode
+
+    asked = 0
+
+    def count(messages: Any) -> str:
+        nonlocal asked
+        asked += 1
+        return "right"
+
+    async with serve_openai_compatible(policy=count) as again:
+        res = await asyncio.to_thread(cli, *run, "--base-url", again.base_url, "--resume")
+    assert res.code == 0, res.err
+    assert sorted(_keys(out)) == ALL_KEYS
+    records = {r.key: r.trajectory for r in unique_by_key(load_results(out))}
+    resumed = {k: t for k, t in records.items() if "resumed_at_step" in t.info}
+    assert set(resumed) == {(k[0], k[1]) for k in cut}
+    for key, t in resumed.items():
+        journaled = cut[key]
+        assert t.info["resumed_at_step"] == len(journaled)
+        assert t.transitions[: len(journaled)] == journaled.transitions
+        assert t.success
+    fresh = set(ALL_KEYS) - done - set(resumed)
+    steps_left = sum(len(records[k]) for k in fresh) + sum(
+        len(t) - len(cut[k]) for k, t in resumed.items()
+    )
+    assert asked == steps_left  # the journaled steps were not asked for again
+    assert not journal.exists()
 
 
 def _runs(path: Path) -> dict[tuple[Any, int], tuple[tuple[str, ...], float]]:
@@ -195,7 +269,10 @@ async def test_sigkill_mid_container_run_then_resume_equals_the_uninterrupted_ru
     )  # fmt: skip
     try:
         async with asyncio.timeout(120):
-            while not (_complete_lines(killed) >= 1 and await containers_of(proc.pid)):
+            while not (
+                _complete_lines(killed) >= 1 and _mid_episode(killed)
+                and await containers_of(proc.pid)
+            ):  # fmt: skip
                 assert proc.returncode is None, await proc.stderr.read()  # type: ignore[union-attr]
                 await asyncio.sleep(0.02)
         proc.kill()  # no teardown runs: the next run's cleanup must find what it left
@@ -213,6 +290,8 @@ async def test_sigkill_mid_container_run_then_resume_equals_the_uninterrupted_ru
     res = await asyncio.to_thread(cli, *args, "-o", str(killed), "--resume")
     assert res.code == 0, res.err
     assert f"wrote {12 - len(before)} trajectories" in res.out
+    resumed = [r for r in load_results(killed) if r.trajectory.info.get("resumed_at_step")]
+    assert resumed  # continued in a restored container from the step the kill cut
     res = await asyncio.to_thread(cli, *args, "-o", str(full))
     assert res.code == 0, res.err
     expected = _runs(full)
