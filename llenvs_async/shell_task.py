@@ -23,6 +23,7 @@ the subclass's ``_verify_episode`` returns.
 from __future__ import annotations
 
 import math
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -49,21 +50,33 @@ DEFAULT_MAX_OBSERVATION_CHARS = 10_000
 
 
 def format_observation(result: CommandResult, timeout: float | None = None) -> str:
-    """The command output, with a note when it failed, timed out or left the shell waiting."""
+    """The command output, with a note when it failed, timed out, was stopped or left the
+    shell waiting."""
     parts = [result.output.rstrip("\n")] if result.output.strip() else []
     if result.continuation_prompt:
         parts.append(
             "[the shell was waiting for more input (unterminated quote, heredoc or block); "
             "the command was discarded]"
         )
+    elif result.stopped is not None:
+        parts.append(f"[command stopped: {result.stopped}]")
     elif result.timed_out:
         after = f" after {timeout:g}s" if timeout is not None else ""
         parts.append(f"[command timed out{after} and was interrupted]")
     elif result.exit_code not in (0, None):
-        parts.append(f"[exit code: {result.exit_code}]")
+        parts.append(f"[exit code: {result.exit_code}{_killed_by(result.exit_code)}]")
     if result.shell_restarted:
         parts.append("[the shell was restarted: working directory and variables were reset]")
     return "\n".join(parts)
+
+
+def _killed_by(code: int) -> str:
+    """``": killed by SIGXFSZ (File size limit exceeded)"`` for a shell's 128 + N status."""
+    try:
+        number = signal.Signals(code - 128)
+    except ValueError:
+        return ""
+    return f": killed by {number.name} ({signal.strsignal(number)})"
 
 
 def observation_text(result: CommandResult, timeout: float | None = None) -> str:
@@ -350,13 +363,16 @@ def _reply_info(action: Action, parsed: Parsed) -> dict[str, Any]:
 
 
 def _command_info(command: str, result: CommandResult) -> dict[str, Any]:
-    return {
+    info: dict[str, Any] = {
         "command": command,
         "exit_code": result.exit_code,
         "timed_out": result.timed_out,
         "continuation_prompt": result.continuation_prompt,
         "duration_sec": round(result.duration_s, 6),
     }
+    if result.stopped is not None:
+        info["stopped"] = result.stopped
+    return info
 
 
 def _trailing_format_errors(state: State) -> int:

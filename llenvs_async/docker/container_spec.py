@@ -46,11 +46,15 @@ class ContainerSpec:
     labels: Mapping[str, str] = field(default_factory=_frozen)
     extra_hosts: tuple[str, ...] = ()
     """``host:ip`` lines added to ``/etc/hosts`` (containers joining this one share them)."""
+    max_file_bytes: int | None = None
+    """The largest file a process in it may write (``RLIMIT_FSIZE``; past it the write fails
+    with ``File size limit exceeded``): a task's ``storage_mb`` caps any one file at once."""
 
     def __post_init__(self) -> None:
         if not self.image:
             raise ValueError("ContainerSpec.image must be a non-empty image name")
-        for what, value in (("memory_bytes", self.memory_bytes), ("pids_limit", self.pids_limit)):
+        for what, value in (("memory_bytes", self.memory_bytes), ("pids_limit", self.pids_limit),
+                            ("max_file_bytes", self.max_file_bytes)):  # fmt: skip
             if value is not None and value <= 0:
                 raise ValueError(f"ContainerSpec.{what} must be positive or None, got {value!r}")
         if self.cpus is not None and not (self.cpus > 0 and math.isfinite(self.cpus)):
@@ -80,6 +84,9 @@ class ContainerSpec:
             host["PidsLimit"] = self.pids_limit
         if self.cpus is not None:
             host["NanoCpus"] = int(self.cpus * 1e9)
+        if self.max_file_bytes is not None:
+            size = self.max_file_bytes
+            host["Ulimits"] = [{"Name": "fsize", "Soft": size, "Hard": size}]
         config: dict[str, Any] = {
             "Image": self.image,
             "Entrypoint": list(self.command),

@@ -94,6 +94,10 @@ class RuntimeHost(ShellHost, Protocol):
         """Its process count and limit (``pids``; else ``EnvError``)."""
         ...
 
+    async def storage_used(self) -> int:
+        """Bytes its writable layer holds (``storage``; else ``EnvError``)."""
+        ...
+
     async def aclose(self) -> None: ...
 
 

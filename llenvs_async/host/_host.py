@@ -36,7 +36,7 @@ __all__ = ["KILLED_DRAIN_TIMEOUT", "SIGNAL_TIMEOUT", "Capability", "Carrier", "H
 # What a box can do beyond exec and files, by name: be taken from a warm pool of started boxes,
 # commit its filesystem to an image, checkpoint its processes and memory, copy archives out,
 # share its network with sidecars, report its process count against its limit.
-Capability = Literal["warm_pool", "commit", "checkpoint", "archives", "sidecars", "pids"]
+Capability = Literal["warm_pool", "commit", "checkpoint", "archives", "sidecars", "pids", "storage"]
 
 # How long the exec that signals a process tree may take (then it is let go).
 SIGNAL_TIMEOUT = 10.0
@@ -215,6 +215,10 @@ class Host(AsyncResource, ABC):
     async def pids(self) -> tuple[int, int | None]:
         """How many processes the box holds and its limit, measured from outside (``pids``)."""
         raise self._lacking("pids", "report its process count")
+
+    async def storage_used(self) -> int:
+        """Bytes its writable layer holds, measured from outside (``storage``)."""
+        raise self._lacking("storage", "report its disk use")
 
     def _lacking(self, capability: Capability, what: str) -> EnvError:
         return EnvError(

@@ -12,7 +12,8 @@ DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CommandResult:
     """One command's combined stdout+stderr and how it ended. ``continuation_prompt``: the
-    shell wanted more input and the command was discarded; ``shell_restarted``: state lost.
+    shell wanted more input and the command was discarded; ``shell_restarted``: state lost;
+    ``stopped``: why the caller's watch interrupted it (``ShellSession.run``'s ``stop``).
     """
 
     output: str
@@ -22,10 +23,16 @@ class CommandResult:
     truncated_bytes: int = 0
     duration_s: float = 0.0
     shell_restarted: bool = False
+    stopped: str | None = None
 
     @property
     def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out and not self.continuation_prompt
+        return (
+            self.exit_code == 0
+            and not self.timed_out
+            and not self.continuation_prompt
+            and self.stopped is None
+        )
 
 
 class CappedOutput:

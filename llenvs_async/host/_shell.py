@@ -23,9 +23,11 @@ adds what a result means: syntax errors, continuations, timeouts, restarts and a
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 
 from .._resource import AsyncResource
 from .._shield import shielded
@@ -45,6 +47,8 @@ _JOB_NOTICE = re.compile(r"^\[\d+\] \d+\n", re.M)
 _ERREXIT = re.compile(r"\bset\s+(-[a-zA-Z]*e|-o\s+errexit)")
 # A shell's report of a syntax error (bash, dash and ash wordings), not an echoed line.
 _SYNTAX_LINE = re.compile(r"^[^\s:]+: (?:line )?(?:\d+: )?syntax error", re.I)
+
+_log = logging.getLogger("llenvs_async.shell")
 
 
 class ShellSession(ShellWire, AsyncResource):
@@ -144,9 +148,12 @@ class ShellSession(ShellWire, AsyncResource):
         command: str,
         *,
         timeout: float | None = None,  # noqa: ASYNC109 - on timeout the command is interrupted
+        stop: Callable[[], Awaitable[str]] | None = None,
     ) -> CommandResult:
         """Run shell text (may span lines); past ``timeout`` interrupt it (SIGINT, then
         SIGKILL to what it started, then a fresh shell). Never raises for the command's sake.
+        ``stop``: a watch run alongside the command; when it returns (a reason) the command
+        is interrupted the same way and the result's ``stopped`` says why.
         """
         if self._closed:
             raise ClosedError("ShellSession")
@@ -168,7 +175,7 @@ class ShellSession(ShellWire, AsyncResource):
                     shell_restarted=restarted,
                 )
             errexit = "e" in self._flags
-            p = await self._execute(body, timeout, self.max_output_bytes)
+            p = await self._execute(body, timeout, self.max_output_bytes, stop=stop)
             output = self._clean(p.out, background="&" in body)
             if p.rc == 2 and not p.continuation and not p.exited:
                 output, p.continuation = await self._parse_failure(body, output, p)
@@ -178,6 +185,7 @@ class ShellSession(ShellWire, AsyncResource):
                 output=output,
                 exit_code=p.rc,
                 timed_out=p.timed_out,
+                stopped=p.stopped,
                 continuation_prompt=p.continuation,
                 truncated_bytes=p.out.truncated_bytes,
                 duration_s=time.monotonic() - started,
@@ -237,7 +245,13 @@ class ShellSession(ShellWire, AsyncResource):
         return f"{lead}[the shell exited{status}{why}; a new shell was started]\n"
 
     async def _execute(
-        self, body: str, seconds: float | None, max_bytes: int, *, stderr: str = "&1"
+        self,
+        body: str,
+        seconds: float | None,
+        max_bytes: int,
+        *,
+        stderr: str = "&1",
+        stop: Callable[[], Awaitable[str]] | None = None,
     ) -> Pending:
         """Send one command, wrapped in a group and followed by the sentinel line; read it.
 
@@ -260,11 +274,11 @@ class ShellSession(ShellWire, AsyncResource):
                 f"{group} </dev/null >&{fd} 2>{stderr} {fd}>&-\n".encode()
                 + self._sentinel_line(seq)
             )
-            async with asyncio.timeout(seconds):
-                await self._pump(p)
+            async with asyncio.timeout(seconds) as deadline:
+                await _watched(self._pump(p), stop, deadline, p)
         except TimeoutError:
             if not p.done:  # else it ended in time, its end mark did not: see _parse_failure
-                p.timed_out = True
+                p.timed_out = p.stopped is None
                 p.restarted = await self._settle(p, started)
         except ContinuationPrompt:
             p.continuation = True
@@ -355,3 +369,30 @@ class ShellSession(ShellWire, AsyncResource):
             return
         self._closed = True
         await shielded(self._kill(), within=30)
+
+
+async def _watched(
+    work: Awaitable[None],
+    stop: Callable[[], Awaitable[str]] | None,
+    deadline: asyncio.Timeout,
+    p: Pending,
+) -> None:
+    """``work`` with ``stop`` watching: when the watch returns first, its reason goes on
+    ``p`` and ``deadline`` expires now (the command is interrupted as on a timeout). The
+    watch ends with the work; an error of its own is logged and stops nothing."""
+    if stop is None:
+        await work
+        return
+
+    async def watch() -> None:
+        p.stopped = await stop()
+        deadline.reschedule(asyncio.get_running_loop().time())
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await work
+    finally:
+        watcher.cancel()
+        await asyncio.wait([watcher])
+        if not watcher.cancelled() and (error := watcher.exception()) is not None:
+            _log.warning("a command's watch failed (the command ran on): %r", error)

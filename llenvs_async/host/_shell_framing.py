@@ -113,6 +113,7 @@ class Pending:
     payload: str = ""
     done: bool = False
     timed_out: bool = False
+    stopped: str | None = None
     continuation: bool = False
     restarted: bool = False
     exited: bool = False

@@ -200,7 +200,14 @@ def oci_config(
             "env": [f"{k}={v}" for k, v in env.items()],
             "cwd": spec.workdir or rootfs.workdir or "/",
             "capabilities": {k: caps for k in ("bounding", "effective", "permitted")},
-            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1048576, "soft": 1048576}],
+            "rlimits": [
+                {"type": "RLIMIT_NOFILE", "hard": 1048576, "soft": 1048576},
+                *(
+                    [{"type": "RLIMIT_FSIZE", "hard": size, "soft": size}]
+                    if (size := spec.max_file_bytes) is not None
+                    else []
+                ),
+            ],
             "noNewPrivileges": True,
         },
         "root": {"path": str(rootfs.path), "readonly": False},

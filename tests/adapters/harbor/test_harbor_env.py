@@ -336,3 +336,53 @@ async def test_build_timeout_is_an_image_error(tmp_path: Path, docker_engine: Do
     async with asyncio.timeout(60):
         while await build_containers():
             await asyncio.sleep(0.2)
+
+
+STORAGE_TOML = """
+version = "1.0"
+
+[verifier]
+timeout_sec = 60.0
+
+[environment]
+docker_image = "llenvs/base:bookworm"
+storage_mb = 64
+"""
+
+
+async def test_writes_past_storage_mb_are_stopped_and_score_zero_with_the_reason(
+    tmp_path: Path, docker_engine: DockerEngine
+) -> None:
+    """``storage_mb`` holds without disk quotas: one file stops at the limit (the kernel's
+    file-size limit), files written past it in total (a background writer) stop the command
+    running and end the episode with a verified 0 that says why; the next episode's
+    container is unaffected."""
+    task = tmp_path / "tasks" / "fill"
+    (task / "tests").mkdir(parents=True)
+    (task / "task.toml").write_text(STORAGE_TOML)
+    (task / "instruction.md").write_text("Write /done.\n")
+    (task / "tests" / "test.sh").write_text(
+        "#!/bin/bash\nif [ -e /done ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n"
+    )
+    adapter = HarborAdapter(cache_dir=tmp_path / "cache")
+    async with adapter, await adapter.get_environment(tmp_path / "tasks") as env:
+        state = await env.reset(0)
+        big = await env.step(state, Action(text="dd if=/dev/zero of=/big bs=1M count=300"))
+        assert "killed by SIGXFSZ (File size limit exceeded)" in big.next_state.observation.text
+        assert await env.probe("stat -c %s /big") == str(64 * 2**20)  # not a byte more
+        assert not big.truncated
+        state = await play(env, big.next_state, "rm /big")
+        writer = "(i=0; while :; do head -c 4M /dev/zero > /tmp/f$i; i=$((i+1)); done) &"
+        state = await play(env, state, writer)
+        ended = await env.step(state, Action(text="sleep 30; touch /done"))
+        assert ended.truncated and ended.reward == 0.0
+        assert ended.info["truncation_reason"] == "storage_limit"
+        assert ended.info["reward_source"] == "storage-limit"
+        assert "over the task's storage_mb = 64" in ended.info["stopped"]
+        text = ended.next_state.observation.text
+        assert "[command stopped: the container's files reached" in text
+        assert ended.info["duration_sec"] < 30  # stopped, not run to its end
+        fresh = await env.reset(0)
+        assert env.container is not None and await env.container.storage_used() < 2**20
+        done = await play(env, fresh, "touch /done")
+        assert (await env.step(done, Action(text="SUBMIT"))).reward == 1.0

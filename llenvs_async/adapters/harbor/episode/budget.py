@@ -8,6 +8,7 @@ truncates the episode with ``info["truncation_reason"] = "agent_timeout"``.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from ....host import CommandResult, ShellSession
@@ -75,14 +76,21 @@ class CommandBudget:
         return None
 
     async def run(
-        self, shell: ShellSession, command: str, cap: float, *, charged: bool
+        self,
+        shell: ShellSession,
+        command: str,
+        cap: float,
+        *,
+        charged: bool,
+        stop: Callable[[], Awaitable[str]] | None = None,
     ) -> tuple[CommandResult, float]:
         """Run ``command`` within ``cap`` seconds; ``charged`` (not a replay): also within the
-        budget left, its time charged to it (a command cut off by the budget spends it all)."""
+        budget left, its time charged to it (a command cut off by the budget spends it all).
+        ``stop``: the shell's stop watch (``ShellSession.run``)."""
         left = self.left
         timeout = min(cap, left) if charged and left is not None else cap
         started = time.monotonic()
-        result = await shell.run(command, timeout=timeout)
+        result = await shell.run(command, timeout=timeout, stop=stop)
         if charged and self.total is not None:
             self.used = min(self.total, self.used + time.monotonic() - started)
             if result.timed_out and left is not None and timeout >= left:

@@ -44,6 +44,7 @@ from . import steps as multi_step
 from .budget import DEFAULT_COMMAND_TIMEOUT_SEC, CommandBudget
 from .engine_lease import EngineLease
 from .instance import DATASET_LABEL, HarborRuntime, Instance, start_instance
+from .storage import StorageWatch
 
 __all__ = [
     "DATASET_LABEL",
@@ -96,6 +97,7 @@ class HarborEnvironment(ShellTaskEnvironment):
         self._step_index = 0
         self._step_results: list[dict[str, Any]] = []
         self._verifier: Container | None = None  # a separate verifier's, while it runs
+        self._storage: StorageWatch | None = None  # the task's storage_mb, where measurable
 
     # -- public helpers -------------------------------------------------------------------
 
@@ -259,6 +261,8 @@ class HarborEnvironment(ShellTaskEnvironment):
         )
         self._instance, self._workdir = instance, instance.workdir
         self._task, self._task_index = harbor_task, index
+        box, storage_mb = instance.container, harbor_task.config.environment.storage_mb
+        self._storage = StorageWatch(box, storage_mb) if "storage" in box.capabilities else None
         self._step_index, self._step_results = 0, []
         self._restart_budget()
         if harbor_task.steps and image is None and checkpoint is None:  # a resumed box is past it
@@ -280,6 +284,10 @@ class HarborEnvironment(ShellTaskEnvironment):
         return await self._run(command, timeout_sec)
 
     async def _verify_episode(self) -> tuple[float, Mapping[str, Any]]:
+        if self._storage is not None and self._storage.breach is not None:
+            over = VerifierResult(reward=0.0, rewards={"reward": 0.0}, source="storage-limit",
+                                  output=self._storage.breach)  # fmt: skip
+            return over.reward, over.info()  # the limit is the task's: not verified further
         verdict = await self.verify()
         task = self._require_task()
         if not task.steps:
@@ -322,6 +330,8 @@ class HarborEnvironment(ShellTaskEnvironment):
         """The time budget, then ``max_steps``; never while replaying a saved prefix."""
         if self._replaying:
             return None
+        if self._storage is not None and self._storage.breach is not None:
+            return "storage_limit", self._storage.breach
         return self._budget.truncation() or super()._truncation(step)
 
     async def _run(self, command: str, asked: float | None = None) -> tuple[CommandResult, float]:
@@ -330,7 +340,14 @@ class HarborEnvironment(ShellTaskEnvironment):
         shell = self._require_shell()
         cap = capped_timeout(self.command_timeout_sec, asked)
         assert cap is not None
-        return await self._budget.run(shell, command, cap, charged=not self._replaying)
+        watch = None if self._replaying else self._storage
+        ran = await self._budget.run(
+            shell, command, cap, charged=not self._replaying,
+            stop=None if watch is None else watch.during,
+        )  # fmt: skip
+        if watch is not None and ran[0].stopped is None:
+            await watch.after()
+        return ran
 
     def _hidden(self) -> dict[str, Any]:
         task = self._require_task()

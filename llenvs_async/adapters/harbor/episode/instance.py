@@ -1,7 +1,8 @@
 """The running instance of a Harbor episode: its container (or gVisor sandbox), shell and sidecars.
 
-Containers get the task's ``cpus`` and ``memory_mb``; ``storage_mb`` is not enforced
-(overlay2 quotas need xfs) and tasks asking for GPUs are refused. A compose task's
+Containers get the task's ``cpus`` and ``memory_mb``, and ``storage_mb`` as the largest
+file a process may write (the total is watched by the episode: ``storage.py``); tasks asking
+for GPUs are refused. A compose task's
 sidecars join the main container's network namespace (``sidecars.py``); a failure part
 way removes what was started, so no half-made pod outlives a failed reset.
 """
@@ -120,6 +121,7 @@ async def start_instance(
         network_mode="bridge" if network else "none",
         memory_bytes=env_cfg.memory_mb * _MIB,
         cpus=env_cfg.cpus,
+        max_file_bytes=env_cfg.storage_mb * _MIB,
         labels={TASK_IMAGE_LABEL: task.name, DATASET_LABEL: dataset_spec},
     )
     box_runtime = get_runtime(runtime.container_runtime)
