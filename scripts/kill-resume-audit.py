@@ -7,7 +7,10 @@ tasks (``-n 4 -c 3 --epsilon 0.4 --seed 11``). One uninterrupted run gives the r
 wall time; each kill point is drawn uniformly over that time. After a kill, ``llenvs-async
 cleanup`` removes what the dead process left, ``--resume`` finishes the file, and every (task,
 rollout) must hold the reference's actions and reward; no container of the killed or the resuming
-process may be left.
+process may be left. Rollouts in flight at the kill continue from their last journaled step
+(``info["resumed_at_step"]``). ``--faults`` adds two more: the Docker engine stopped and
+restarted mid-run (its failed rollouts retried with ``--resume --retry-failed``), and the
+results file's disk full (the run stops; resumed once there is room).
 """
 
 from __future__ import annotations
@@ -26,6 +29,14 @@ ROOT = Path(__file__).resolve().parents[1]
 CLI = (sys.executable, "-m", "llenvs_async.cli")
 ARGS = ("run", str(ROOT / "examples" / "tasks"), "--limit", "3", "-n", "4", "-c", "3",
         "--epsilon", "0.4", "--seed", "11", "-q")  # fmt: skip
+
+
+def resumed_steps(path: Path) -> tuple[int, int]:
+    """How many trajectories were continued mid-episode, and the steps they did not redo."""
+    from llenvs_async.cli._results import load_results, unique_by_key
+
+    at = [r.trajectory.info.get("resumed_at_step", 0) for r in unique_by_key(load_results(path))]
+    return sum(1 for n in at if n), sum(at)
 
 
 def runs(path: Path) -> dict[tuple[Any, int], tuple[tuple[str, ...], float]]:
@@ -71,7 +82,9 @@ def one_kill(work: Path, delay: float, reference: dict[Any, Any]) -> dict[str, A
     resumed = cli(*ARGS, "-o", str(out), "--resume")
     got = runs(out)
     differing = sorted(k for k in reference if got.get(k) != reference[k])
+    continued, kept = resumed_steps(out)
     return {
+        "fault": "SIGKILL",
         "delay_s": round(delay, 2),
         "killed_mid_run": killed,
         "saved_before_kill": saved,
@@ -80,7 +93,63 @@ def one_kill(work: Path, delay: float, reference: dict[Any, Any]) -> dict[str, A
         "resume_exit": resumed.returncode,
         "keys": len(got),
         "differing": len(differing),
+        "continued": continued,
+        "steps_kept": kept,
     }
+
+
+def engine_restart(work: Path, delay: float, reference: dict[Any, Any]) -> dict[str, Any]:
+    """Stop dockerd ``delay`` s into the run, start it again, retry the failed rollouts."""
+    out = work / f"engine-{delay:.2f}.jsonl"
+    proc = subprocess.Popen([*CLI, *ARGS, "-o", str(out)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    time.sleep(delay)
+    subprocess.run(["pkill", "-x", "dockerd"], check=False)
+    proc.wait(timeout=600)
+    while subprocess.run(["pgrep", "-x", "dockerd"], capture_output=True).returncode == 0:
+        time.sleep(0.5)
+    subprocess.run(["bash", str(ROOT / "scripts" / "ensure-docker.sh")], check=True,
+                   capture_output=True)  # fmt: skip
+    saved = lines(out)
+    cleaned = cli("cleanup")
+    resumed = cli(*ARGS, "-o", str(out), "--resume", "--retry-failed")
+    got = runs(out)
+    continued, kept = resumed_steps(out)
+    return {
+        "fault": "dockerd stopped and restarted", "delay_s": round(delay, 2),
+        "killed_mid_run": True, "saved_before_kill": saved, "containers_at_kill": "-",
+        "left_after_cleanup": asyncio.run(containers_of(proc.pid)) + (cleaned.returncode != 0),
+        "resume_exit": resumed.returncode, "keys": len(got),
+        "differing": sum(got.get(k) != v for k, v in reference.items()),
+        "continued": continued, "steps_kept": kept,
+    }  # fmt: skip
+
+
+def disk_full(work: Path, reference: dict[Any, Any]) -> dict[str, Any]:
+    """The results file on a 64 KiB tmpfs: the run stops; remounted larger, it resumes."""
+    mount = work / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], check=True)
+    try:
+        out = mount / "full.jsonl"
+        first = cli(*ARGS, "-o", str(out))
+        saved = lines(out)
+        subprocess.run(["mount", "-o", "remount,size=64m", str(mount)], check=True)
+        cleaned = cli("cleanup")
+        resumed = cli(*ARGS, "-o", str(out), "--resume")
+        got = runs(out)
+        continued, kept = resumed_steps(out)
+        return {
+            "fault": f"results disk full (exit {first.returncode}: "
+            f"{first.stderr.strip().splitlines()[-1][:60] if first.stderr.strip() else ''})",
+            "delay_s": "-", "killed_mid_run": first.returncode != 0, "saved_before_kill": saved,
+            "containers_at_kill": "-", "left_after_cleanup": int(cleaned.returncode != 0),
+            "resume_exit": resumed.returncode, "keys": len(got),
+            "differing": sum(got.get(k) != v for k, v in reference.items()),
+            "continued": continued, "steps_kept": kept,
+        }  # fmt: skip
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
 
 
 def main() -> int:
@@ -88,6 +157,7 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0, help="draws the kill points")
     parser.add_argument("--out", type=Path, default=None, help="a Markdown table")
+    parser.add_argument("--faults", action="store_true", help="also restart dockerd, fill the disk")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
@@ -104,22 +174,29 @@ def main() -> int:
             row = one_kill(work, rng.uniform(0.5, wall), reference)
             rows.append(row)
             print(i + 1, row, flush=True)
+        if args.faults:
+            for row in (engine_restart(work, rng.uniform(1.0, wall), reference),
+                        disk_full(work, reference)):  # fmt: skip
+                rows.append(row)
+                print(row, flush=True)
     ok = all(r["differing"] == 0 and r["keys"] == len(reference) and r["resume_exit"] == 0
              and r["left_after_cleanup"] == 0 for r in rows)  # fmt: skip
     table = [
-        "| kill at (s) | killed mid-run | saved before | containers at kill | left after "
-        "cleanup | resume exit | keys | differing from the uninterrupted run |",
-        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| fault | at (s) | stopped mid-run | saved before | containers at kill | left after "
+        "cleanup | resume exit | keys | continued mid-episode (steps kept) | differing from "
+        "the uninterrupted run |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         *(
-            f"| {r['delay_s']} | {r['killed_mid_run']} | {r['saved_before_kill']} | "
-            f"{r['containers_at_kill']} | {r['left_after_cleanup']} | {r['resume_exit']} | "
-            f"{r['keys']}/{len(reference)} | {r['differing']} |"
+            f"| {r['fault']} | {r['delay_s']} | {r['killed_mid_run']} | "
+            f"{r['saved_before_kill']} | {r['containers_at_kill']} | "
+            f"{r['left_after_cleanup']} | {r['resume_exit']} | {r['keys']}/{len(reference)} | "
+            f"{r['continued']} ({r['steps_kept']}) | {r['differing']} |"
             for r in rows
         ),
     ]
     text = "\n".join(
         [
-            "# SIGKILL and resume of a container run",
+            "# Faults and resume of a container run",
             "",
             f"`llenvs-async {' '.join(ARGS[:1])} examples/tasks {' '.join(ARGS[2:])}`, killed "
             f"with SIGKILL at {len(rows)} points drawn uniformly over the uninterrupted run's "

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated
 
@@ -137,17 +137,14 @@ def run(
     )  # fmt: skip
     if rollouts < 1 or n_concurrent < 1:
         raise CliError("--rollouts and --n-concurrent must be >= 1")
-    skip, recorded = _existing_keys(
-        out, spec, resume=resume, retry_failed=retry_failed, force=force
-    )
+    prior = _prior_run(out, spec, resume=resume, retry_failed=retry_failed, force=force)
     written = 0
     try:
         with _on_ray(ray_address):
             written = run_async(
                 lambda: _collect(
-                    spec, options, out, skip, tasks or [], limit, rollouts, n_concurrent, quiet,
-                    force, on_ray=ray_address is not None, schedule=schedule.value,
-                    resume_from=recorded if resume else None,
+                    spec, options, out, prior, tasks or [], limit, rollouts, n_concurrent,
+                    quiet, force, on_ray=ray_address is not None, schedule=schedule.value,
                 )
             )  # fmt: skip
     except KeyboardInterrupt:
@@ -172,10 +169,20 @@ def run(
         raise typer.Exit(1)
 
 
-def _existing_keys(
+@dataclass(frozen=True, slots=True)
+class _Prior:
+    """What a resumed run finds in ``--out``: the (task, rollout) pairs to skip, every pair
+    the file holds, and (``--retry-failed``) the failed trajectories to continue."""
+
+    skip: frozenset[_Key] = frozenset()
+    recorded: frozenset[_Key] = frozenset()
+    failed: Mapping[_Key, Trajectory] = field(default_factory=dict)
+
+
+def _prior_run(
     out: Path, spec: SourceSpec, *, resume: bool, retry_failed: bool, force: bool
-) -> tuple[set[_Key], set[_Key]]:
-    """The (task, rollout) pairs to skip, and every pair the results file holds."""
+) -> _Prior | None:
+    """What ``out`` holds for a resumed run; ``None`` when the run starts afresh."""
     if resume and force:
         raise CliError("--resume and --force contradict each other")
     if retry_failed and not resume:
@@ -184,10 +191,10 @@ def _existing_keys(
         raise CliError(f"--out {str(out)!r}: directory {str(out.parent)!r} does not exist")
     if out.is_dir():
         raise CliError(f"--out {str(out)!r} is a directory")
-    if not out.exists() or out.stat().st_size == 0:
-        return set(), set()
     if force:  # replaced only once the run is known to start (see _collect)
-        return set(), set()
+        return None
+    if not out.exists() or out.stat().st_size == 0:
+        return _Prior() if resume else None
     if not resume:
         raise CliError(
             f"{out} already exists: pass --resume to continue it or --force to replace it"
@@ -196,15 +203,19 @@ def _existing_keys(
     for record in records:
         if record.source != spec:
             raise CliError(f"{out} was written for {record.source.label}, not {spec.label}")
-    skip = {r.key for r in records if not (retry_failed and r.trajectory.error is not None)}
-    return skip, {r.key for r in records}
+    failed = {r.key: r.trajectory for r in records if retry_failed and r.trajectory.error}
+    return _Prior(
+        skip=frozenset(r.key for r in records if r.key not in failed),
+        recorded=frozenset(r.key for r in records),
+        failed=failed,
+    )
 
 
 async def _collect(
     spec: SourceSpec,
     options: BackendOptions,
     out: Path,
-    skip: set[_Key],
+    prior: _Prior | None,
     selectors: list[str],
     limit: int | None,
     rollouts: int,
@@ -214,27 +225,27 @@ async def _collect(
     *,
     on_ray: bool = False,
     schedule: str = "refill",
-    resume_from: set[_Key] | None = None,
 ) -> int:
-    """Run every job not in ``skip``, each trajectory appended to ``out`` as it finishes and
-    each settled step to the journal beside it (``journal_path``). ``resume_from`` (with
-    --resume: the pairs ``out`` holds): a job the journal has steps of and ``out`` has not
-    continues from its last one; otherwise the journal starts empty. A run that ends with
-    every job written removes its journal."""
+    """Run every job ``prior`` does not skip, each trajectory appended to ``out`` as it
+    finishes and each settled step to the journal beside it (``journal_path``). Resumed
+    (``prior``): a job the journal has steps of and ``out`` has not, or a failed one to
+    retry, continues from its last step; otherwise the journal starts empty. A run that
+    ends with every job written removes its journal."""
     journal = journal_path(out)
     async with open_source(spec) as source:
         if on_ray:
             _distribute(source)
         refs = select_tasks(source.tasks, selectors, limit)
+        skip = prior.skip if prior is not None else frozenset()
         jobs = [_Job(ref, r) for ref in refs for r in range(rollouts) if (ref.key, r) not in skip]
         if not jobs:
             return 0
-        cut = _cut_rollouts(journal, jobs, resume_from)
+        cut = {} if prior is None else _cut_rollouts(journal, jobs, prior)
         await source.check()
         async with open_runner(source, options, schedule=schedule) as runner:
             if replace:  # --force: the old file goes only once nothing can stop the run
                 await anyio.Path(out).unlink(missing_ok=True)
-            if resume_from is None:
+            if prior is None:
                 await anyio.Path(journal).unlink(missing_ok=True)
             with (
                 JsonlWriter(out) as writer,
@@ -289,13 +300,10 @@ def journal_path(out: Path) -> Path:
     return out.with_name(f"{out.name}.steps")
 
 
-def _cut_rollouts(
-    journal: Path, jobs: list[_Job], resume_from: set[_Key] | None
-) -> dict[_Key, Trajectory]:
-    """The journaled steps of each job a kill cut (in the journal, not in the results), by
-    key; checked to belong to the job's task."""
-    if resume_from is None:
-        return {}
+def _cut_rollouts(journal: Path, jobs: list[_Job], prior: _Prior) -> dict[_Key, Trajectory]:
+    """The steps to continue each job from, by key: a failed one's recorded steps (retried),
+    else what the journal holds of one a kill cut (not in the results); checked to belong
+    to the job's task."""
     try:
         journaled = read_journal(journal)
     except SerializationError as exc:
@@ -306,7 +314,7 @@ def _cut_rollouts(
         if len(name) != 2 or not isinstance(name[1], int):
             raise CliError(f"{journal}: {list(name)} is not a (task, rollout) key")
         key = (name[0], name[1])
-        if key in resume_from or key not in tasks or not partial.transitions:
+        if key in prior.recorded or key not in tasks or not partial.transitions:
             continue  # finished (in the results), not asked for this time, or no step yet
         if partial.initial_state.task != tasks[key]:
             raise CliError(
@@ -315,6 +323,9 @@ def _cut_rollouts(
                 "another run"
             )
         cut[key] = partial
+    for key, failed in prior.failed.items():
+        if key in tasks and failed.transitions:  # retried from its last good step
+            cut[key] = replace(failed, error=None, stop_reason="unfinished")
     return cut
 
 

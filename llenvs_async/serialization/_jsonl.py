@@ -36,10 +36,13 @@ class JsonlWriter:
     def write(self, record: Mapping[str, Any]) -> None:
         """Write ``record`` as one line and flush it to the OS (and disk with ``fsync``)."""
         line = _dumps(record) + "\n"
-        self._file.write(line)
-        self._file.flush()
-        if self.fsync:
-            os.fsync(self._file.fileno())
+        try:
+            self._file.write(line)
+            self._file.flush()
+            if self.fsync:
+                os.fsync(self._file.fileno())
+        except OSError as exc:  # a full disk, say: name the file (a torn line is cut on reopen)
+            raise OSError(exc.errno, f"{exc.strerror}: writing {self.path}") from exc
         self.written += 1
 
     def write_trajectory(self, trajectory: Trajectory, **fields: Any) -> None:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 from pathlib import Path
 from typing import Any
@@ -203,18 +204,26 @@ def test_resume_with_nothing_left_writes_nothing(tmp_path: Path, cli: Invoke) ->
 
 def test_retry_failed_reruns_only_failed_rollouts(tmp_path: Path, cli: Invoke) -> None:
     out = tmp_path / "r.jsonl"
-    # Mark one saved rollout as failed by hand: only that one may be rerun.
+    # Mark one saved rollout as failed by hand at its third step: only that one may be
+    # rerun, and it continues from the two steps it had recorded.
     assert cli("run", "--env", "chain", "--limit", "2", "-o", str(out), "-q").code == 0
     lines = out.read_text().splitlines()
-    broken = lines[0].replace('"error":null', '"error":{"type":"EnvError","message":"boom",'
-                              '"phase":"step","traceback":""}')  # fmt: skip
-    assert broken != lines[0]
-    out.write_text("\n".join([broken, *lines[1:]]) + "\n")
+    record = json.loads(lines[0])
+    whole = record["trajectory"]["transitions"]
+    assert len(whole) > 2
+    record["trajectory"].update(
+        transitions=whole[:2], stop_reason="error",
+        error={"type": "EnvError", "message": "boom", "phase": "step", "traceback": ""},
+    )  # fmt: skip
+    out.write_text("\n".join([json.dumps(record), *lines[1:]]) + "\n")
     res = cli("run", "--env", "chain", "--limit", "2", "-o", str(out), "--resume", "--retry-failed",
               "-q")  # fmt: skip
     assert res.code == 0, res.err
     assert "wrote 1 trajectories" in res.out
     assert len(_keys(out)) == 3  # the retry is appended; readers keep the last per key
+    retried = read_trajectories(out)[-1]
+    assert retried.error is None and retried.success
+    assert retried.info["resumed_at_step"] == 2 and len(retried) == len(whole)
 
 
 @pytest.mark.docker
