@@ -33,7 +33,10 @@ steps and decays linearly to about a tenth of itself by the last (``rl_learning_
 
     python examples/train_agent_rl.py [--estimator grpo|vine|both] [--steps N] [--seed S] [--quick]
                                       [--warmup-reads-listing 0.65] [--lr-floor 0.1]
-                                      [--groups-per-step 8] [--group-size 4]
+                                      [--groups-per-step 8] [--group-size 4] [--resume DIR]
+
+``--resume DIR`` checkpoints the loop after the warm-up and every step; the same command
+run again (after a kill, say) goes on from the last one (``_rl_checkpoint.py``).
 """
 
 from __future__ import annotations
@@ -53,12 +56,13 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling examples, as modules
 
+import _rl_checkpoint as ckpt
 import agent_tasks as relay
 import train_tiny_rl as tiny
 from _agent_rl_logprobs import shared_prefix_logprobs
@@ -144,6 +148,12 @@ class RunResult:
     def exact(self) -> list[float]:
         """Exact held-out success after the warm-up, then after every update."""
         return [self.exact_before, *(s.exact for s in self.steps)]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunResult:
+        """The ``dataclasses.asdict`` of one, back (a checkpoint's log)."""
+        steps = [StepLog(**{**s, "versions": tuple(s["versions"])}) for s in data["steps"]]
+        return cls(**{**data, "steps": steps, "curve": [tuple(c) for c in data["curve"]]})
 
 
 _FILE = re.compile(r"^\S+\.(src|tmp|out)$")
@@ -568,38 +578,56 @@ async def train(
     runners: tuple[TrajectoryRunner, TrajectoryRunner],
     *,
     verbose: bool = True,
+    checkpoints: Path | None = None,
 ) -> RunResult:
-    """Warm up, measure held-out success, run ``cfg.steps`` RL steps, measure again."""
+    """Warm up, measure held-out success, run ``cfg.steps`` RL steps, measure again.
+    ``checkpoints``: save the loop there after the warm-up and every step, and go on from
+    the checkpoint found there (``_rl_checkpoint``)."""
     import torch
 
     torch.set_num_threads(1)  # vLLM's engine core holds the other core
     train_runner, eval_runner = runners
     policy = AgentPolicy(model_dir, cfg, train_runner.tools)
-    observations = warmup_observations(TRAIN_NAMES, cfg.seed)
-    await asyncio.to_thread(policy.warm_up, observations)
-    version = (backend.policy_version or 0) + 1
-    await backend.update_weights(policy.model.named_parameters(), version=version, mode="wait")
-    before = await heldout_success(eval_runner, cfg.eval_per_task)
-    result = RunResult(estimator, cfg.seed, before)
-    result.curve.append((0, 0, 0.0, before))
     tag = f"[{estimator} seed {cfg.seed}]"
-    exact, rm_prob = await asyncio.to_thread(exact_success, policy, HELDOUT_NAMES)
-    result.exact_before = exact
-    if verbose:
-        print(
-            f"{tag} after warm-up: held-out success {before:.2f} (exact {exact:.2f}, "
-            f"p(rm-first) {rm_prob:.2f})",
-            flush=True,
-        )
+    where = None if checkpoints is None else ckpt.checkpoint_path(checkpoints, estimator, cfg.seed)
+    saved = None if where is None else ckpt.load(where, policy)
     rng = random.Random(cfg.seed)
+    if saved is None:
+        observations = warmup_observations(TRAIN_NAMES, cfg.seed)
+        await asyncio.to_thread(policy.warm_up, observations)
+        version = (backend.policy_version or 0) + 1
+    else:  # the engine is fresh: it serves the saved weights under their version
+        version, first = saved.version, saved.step
+        rng.setstate(saved.task_rng)
+    await backend.update_weights(policy.model.named_parameters(), version=version, mode="wait")
+    if saved is None:
+        before = await heldout_success(eval_runner, cfg.eval_per_task)
+        result = RunResult(estimator, cfg.seed, before)
+        result.curve.append((0, 0, 0.0, before))
+        exact, rm_prob = await asyncio.to_thread(exact_success, policy, HELDOUT_NAMES)
+        result.exact_before, first = exact, 0
+        if verbose:
+            print(
+                f"{tag} after warm-up: held-out success {before:.2f} (exact {exact:.2f}, "
+                f"p(rm-first) {rm_prob:.2f})",
+                flush=True,
+            )
+        if where is not None:
+            ckpt.save(where, policy, ckpt.LoopState(0, version, rng.getstate(), asdict(result)))
+    else:
+        result = RunResult.from_dict(saved.result)
+        if verbose:
+            print(f"{tag} resumed after step {first} (policy version {version}) from {where}",
+                  flush=True)  # fmt: skip
     tasks = (rng.randrange(len(TRAIN_NAMES)) for _ in itertools.count())
-    start, rollouts = time.monotonic(), 0
+    start = time.monotonic() - (result.steps[-1].seconds if result.steps else 0.0)
+    rollouts = result.steps[-1].rollouts if result.steps else 0
     stream = train_runner.stream(
         tasks, group_size=cfg.group_size, batch_size=cfg.group_size * cfg.groups_per_step,
         max_staleness=cfg.max_staleness,
     )  # fmt: skip
     async with stream:
-        for step in range(cfg.steps):
+        for step in range(first, cfg.steps):
             groups = [await anext(stream) for _ in range(cfg.groups_per_step)]
             batch = [t for g in groups for t in g]
             staleness, failed = tiny.staleness_and_failures(batch, version)
@@ -637,6 +665,9 @@ async def train(
                 log.heldout = await heldout_success(eval_runner, cfg.eval_per_task)
                 result.curve.append((step + 1, rollouts, log.seconds, log.heldout))
             result.steps.append(log)
+            if where is not None:
+                state = ckpt.LoopState(step + 1, version, rng.getstate(), asdict(result))
+                await asyncio.to_thread(ckpt.save, where, policy, state)
             if verbose:
                 held = "" if log.heldout is None else f"  held-out {log.heldout:.2f}"
                 print(
@@ -659,7 +690,12 @@ async def train(
 
 
 async def run_all(
-    estimators: Sequence[str], seeds: Sequence[int], cfg: Config, *, verbose: bool = True
+    estimators: Sequence[str],
+    seeds: Sequence[int],
+    cfg: Config,
+    *,
+    verbose: bool = True,
+    checkpoints: Path | None = None,
 ) -> list[RunResult]:
     """Every (estimator, seed) run on one engine and one adapter (each from the same init)."""
     from llenvs_async.testing.tiny_model import cached_tiny_model
@@ -677,6 +713,7 @@ async def run_all(
                 run_cfg = Config(**{**vars(cfg), "seed": seed})
                 result = await train(
                     estimator, run_cfg, backend, model_dir, runners, verbose=verbose,
+                    checkpoints=checkpoints,
                 )  # fmt: skip
                 results.append(result)
     return results
@@ -709,10 +746,15 @@ async def main(argv: Sequence[str] | None = None) -> list[Any]:
     parser.add_argument(
         "--out", type=Path, default=None, help="write the runs as JSON (real model)"
     )
+    parser.add_argument(
+        "--resume", type=Path, default=None, metavar="DIR",
+        help="checkpoint the loop in DIR after every step; go on from the one found there",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     real_only = {"--device": args.device != "cpu", "--out": args.out is not None}
     tiny_only = {"--lr-floor": args.lr_floor is not None,
-                 "--warmup-reads-listing": args.warmup_reads_listing is not None}  # fmt: skip
+                 "--warmup-reads-listing": args.warmup_reads_listing is not None,
+                 "--resume": args.resume is not None}  # fmt: skip
     if args.model != "tiny":
         if given := [flag for flag, set_ in tiny_only.items() if set_]:
             parser.error(f"{', '.join(given)}: the tiny model's run only (no warm-up, no decay)")
@@ -737,7 +779,7 @@ async def main(argv: Sequence[str] | None = None) -> list[Any]:
     if args.warmup_reads_listing is not None:
         cfg.warmup_reads_listing = args.warmup_reads_listing
     estimators = ("grpo", "vine") if args.estimator == "both" else (args.estimator,)
-    results = await run_all(estimators, args.seed, cfg)
+    results = await run_all(estimators, args.seed, cfg, checkpoints=args.resume)
     async with DockerEngine() as engine:
         left = await engine.own_containers()
     print(f"containers left: {len(left)}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -152,12 +153,48 @@ def disk_full(work: Path, reference: dict[Any, Any]) -> dict[str, Any]:
         subprocess.run(["umount", str(mount)], check=False)
 
 
+RL = (sys.executable, str(ROOT / "examples" / "train_agent_rl.py"), "--quick", "--estimator",
+      "grpo", "--steps", "4")  # fmt: skip
+_STEP_LINE = re.compile(r"^\[grpo seed 0\] step +(\d+) ")
+
+
+def rl_kill(work: Path, after: int) -> dict[str, Any]:
+    """SIGKILL the RL example (``--resume DIR``) once its step ``after`` is logged, clean up,
+    run it again: it must go on from the next step, log every step once, and leave nothing."""
+    ckpt = work / f"rl-{after}"
+    proc = subprocess.Popen([*RL, "--resume", str(ckpt)], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    first: list[int] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if m := _STEP_LINE.match(line):
+            first.append(int(m[1]))
+            if first[-1] == after:
+                break
+    time.sleep(1.0)  # into the next step: its rollouts in flight, containers live
+    live = asyncio.run(containers_of(proc.pid))
+    proc.kill()
+    proc.wait()
+    cleaned = cli("cleanup")
+    again = subprocess.run([*RL, "--resume", str(ckpt)], capture_output=True, text=True,
+                           check=False, timeout=900)  # fmt: skip
+    second = [int(m[1]) for line in again.stdout.splitlines() if (m := _STEP_LINE.match(line))]
+    return {
+        "killed_after_step": after, "containers_at_kill": live,
+        "left_after_cleanup": asyncio.run(containers_of(proc.pid)) + (cleaned.returncode != 0),
+        "steps_before": first, "steps_after": second, "exit": again.returncode,
+        "resumed_line": any("resumed after step" in ln for ln in again.stdout.splitlines()),
+        "left_at_end": "containers left: 0" in again.stdout,
+    }  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--kills", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0, help="draws the kill points")
     parser.add_argument("--out", type=Path, default=None, help="a Markdown table")
     parser.add_argument("--faults", action="store_true", help="also restart dockerd, fill the disk")
+    parser.add_argument("--rl-kills", type=int, default=0, help="SIGKILLs of the RL example")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
@@ -179,7 +216,13 @@ def main() -> int:
                         disk_full(work, reference)):  # fmt: skip
                 rows.append(row)
                 print(row, flush=True)
-    ok = all(r["differing"] == 0 and r["keys"] == len(reference) and r["resume_exit"] == 0
+        rl_rows = [rl_kill(work, rng.randrange(3)) for _ in range(args.rl_kills)]
+        for row in rl_rows:
+            print(row, flush=True)
+    rl_ok = all(r["steps_before"] + r["steps_after"] == list(range(4)) and r["exit"] == 0
+                and r["resumed_line"] and r["left_at_end"] and r["left_after_cleanup"] == 0
+                for r in rl_rows)  # fmt: skip
+    ok = rl_ok and all(r["differing"] == 0 and r["keys"] == len(reference) and r["resume_exit"] == 0
              and r["left_after_cleanup"] == 0 for r in rows)  # fmt: skip
     table = [
         "| fault | at (s) | stopped mid-run | saved before | containers at kill | left after "
@@ -194,16 +237,38 @@ def main() -> int:
             for r in rows
         ),
     ]
+    rl_table = [
+        "",
+        "## SIGKILL of the RL loop",
+        "",
+        f"`examples/train_agent_rl.py {' '.join(RL[2:])} --resume DIR`, killed with SIGKILL "
+        "about a second into the step after a random logged one (its rollouts in flight), "
+        "then `llenvs-async cleanup` and the same command again.",
+        "",
+        "| killed after step | containers at kill | left after cleanup | steps logged before "
+        "| steps logged after | resumed | exit | containers left at the end |",
+        "| ---: | ---: | ---: | --- | --- | --- | ---: | --- |",
+        *(
+            f"| {r['killed_after_step']} | {r['containers_at_kill']} | "
+            f"{r['left_after_cleanup']} | {r['steps_before']} | {r['steps_after']} | "
+            f"{r['resumed_line']} | {r['exit']} | {0 if r['left_at_end'] else 'some'} |"
+            for r in rl_rows
+        ),
+    ] if rl_rows else []  # fmt: skip
     text = "\n".join(
         [
             "# Faults and resume of a container run",
             "",
             f"`llenvs-async {' '.join(ARGS[:1])} examples/tasks {' '.join(ARGS[2:])}`, killed "
-            f"with SIGKILL at {len(rows)} points drawn uniformly over the uninterrupted run's "
-            f"{wall:.1f} s (seed {args.seed}), then `llenvs-async cleanup` and `--resume`. "
-            "Every (task, rollout) compared with the uninterrupted run (actions and return).",
+            f"with SIGKILL at {args.kills} points drawn uniformly over the uninterrupted run's "
+            f"{wall:.1f} s (seed {args.seed}), then `llenvs-async cleanup` and `--resume`"
+            f"{'; then the faults below' if args.faults else ''}. Every (task, rollout) "
+            "compared with the uninterrupted run (actions and return). A rollout in flight at "
+            "the fault continues from its last journaled step (`continued mid-episode`: how "
+            "many did, and the steps they did not redo).",
             "",
             *table,
+            *rl_table,
             "",
             f"Result: {'every resumed run equals the uninterrupted one' if ok else 'MISMATCH'}.",
             "",

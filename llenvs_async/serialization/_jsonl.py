@@ -52,7 +52,10 @@ class JsonlWriter:
         self.write(record)
 
     def close(self) -> None:
-        self._file.close()
+        try:
+            self._file.close()  # flushes what a failed write left buffered
+        except OSError as exc:
+            raise OSError(exc.errno, f"{exc.strerror}: writing {self.path}") from exc
 
     def __enter__(self) -> JsonlWriter:
         return self

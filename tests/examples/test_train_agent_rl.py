@@ -10,10 +10,12 @@ success (no sampling noise) from a warm-up whose start is known.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import re
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -287,3 +289,57 @@ def test_a_short_run_of_the_loop_improves_the_policy(
     end = sum(exact[-3:]) / 3  # the last three updates: one lucky step does not pass
     assert end >= start + 0.2, (start, exact)
     assert "containers left: 0" in out
+
+
+@pytest.mark.vllm  # torch and the tiny model
+def test_a_loop_checkpoint_restores_the_policy_its_optimizer_and_the_loop(
+    example: ModuleType, tmp_path: Path
+) -> None:
+    """What ``--resume DIR`` saves comes back whole in a fresh policy: weights, Adam's
+    moments, the KL reference, the step count, the task sampler and the log."""
+    import copy
+
+    import _rl_checkpoint as ckpt  # the example's sibling module (on sys.path once loaded)
+    import torch
+
+    from llenvs_async.testing.tiny_model import cached_tiny_model
+
+    model_dir, cfg = str(cached_tiny_model()), example.Config.quick()
+    policy = example.AgentPolicy(model_dir, cfg, [example.BASH_TOOL])
+    policy.reference = copy.deepcopy(policy.model).requires_grad_(False)
+    loss = sum(p.float().pow(2).sum() for p in policy.model.parameters())
+    policy.optimizer.zero_grad()
+    loss.backward()
+    policy.optimizer.step()  # weights moved off the reference, Adam's moments set
+    policy.rl_steps = 3
+    rng = random.Random(5)
+    rng.random()
+    result = example.RunResult("grpo", 0, 0.25, after=0.75, exact_before=0.5)  # no NaN
+    log = example.StepLog(step=0, success=0.5, staleness=1, versions=(1, 2), failed=0,
+                          format_errors=0.0, removed_first=0.1, rollouts=16, seconds=3.0,
+                          exact=0.6, rm_prob=0.1)  # fmt: skip
+    result.steps.append(log)
+    result.curve.append((0, 0, 0.0, 0.25))
+    path = ckpt.checkpoint_path(tmp_path, "grpo", 0)
+    ckpt.save(path, policy, ckpt.LoopState(1, 2, rng.getstate(), dataclasses.asdict(result)))
+
+    fresh = example.AgentPolicy(model_dir, cfg, [example.BASH_TOOL])
+    assert ckpt.load(tmp_path / "absent.pt", fresh) is None
+    loop = ckpt.load(path, fresh)
+    assert loop is not None and (loop.step, loop.version) == (1, 2) and fresh.rl_steps == 3
+    pairs = [
+        *zip(policy.model.state_dict().values(), fresh.model.state_dict().values(), strict=True),
+        *zip(policy.reference.state_dict().values(), fresh.reference.state_dict().values(),
+             strict=True),
+    ]  # fmt: skip
+    assert all(torch.equal(a, b) for a, b in pairs)
+    first = (next(fresh.model.parameters()), next(fresh.reference.parameters()))
+    assert not torch.equal(*first)  # the reference is its own copy
+    moments = [(s["exp_avg"], t["exp_avg"]) for s, t in zip(
+        policy.optimizer.state_dict()["state"].values(),
+        fresh.optimizer.state_dict()["state"].values(), strict=True)]  # fmt: skip
+    assert moments and all(torch.equal(a, b) for a, b in moments)
+    again = random.Random()
+    again.setstate(loop.task_rng)
+    assert again.random() == rng.random()
+    assert example.RunResult.from_dict(loop.result) == result
