@@ -26,7 +26,14 @@ from llenvs_async import (
     TrajectoryRunner,
 )
 from llenvs_async.envs import ChainEnv, CounterEnv
-from llenvs_async.serialization import JsonlWriter, from_dict, read_trajectories, to_dict
+from llenvs_async.serialization import (
+    JsonlWriter,
+    StepJournal,
+    from_dict,
+    read_journal,
+    read_trajectories,
+    to_dict,
+)
 from llenvs_async.testing.chat_tokenizer import IM_END, ChatMLTokenizer
 from llenvs_async.types import ActionPath
 
@@ -507,3 +514,30 @@ async def test_token_exactness_and_round_trip_hold_for_any_completions(
     back = from_dict(Trajectory, json.loads(json.dumps(to_dict(traj))))
     assert back == traj and back.token_record() == record
     assert [t.tokens for t in back.transitions] == [t.tokens for t in traj.transitions]
+
+
+@pytest.mark.parametrize("schedule", ["refill", "async"])
+async def test_a_rollout_resumed_from_its_journal_is_token_exact(
+    tok: ChatMLTokenizer, tmp_path: Path, schedule: str
+) -> None:
+    """Steps journaled as they settle (token ids attached) and read back resume a rollout
+    that sends the prompts the uncut one sent and records the same token record."""
+    policy = TokenPolicy(tok)
+    runner = make_runner(policy, tok, schedule=schedule)
+    path = tmp_path / "steps"
+    with StepJournal(path) as journal:
+        [traj] = await runner.run_batch(
+            [4], on_step=lambda i, step, t: journal.write(("t", 0), step, t)
+        )
+    original = policy.by_rollout(0)
+    cut = read_journal(path)[("t", 0)]
+    assert cut.transitions == traj.transitions and all(t.tokens for t in cut.transitions)
+    for k in (1, 3):
+        policy.requests.clear()
+        prefix = cut.transitions[:k]
+        [again] = await runner.run_batch_from_states([prefix[-1].next_state], prefixes=[prefix])
+        assert [r.prompt_token_ids for r in policy.requests] == [
+            r.prompt_token_ids for r in original[k:]
+        ]
+        assert again.token_record() == traj.token_record()
+        assert again.info["resumed_at_step"] == k
