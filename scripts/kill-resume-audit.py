@@ -142,7 +142,7 @@ def disk_full(work: Path, reference: dict[Any, Any]) -> dict[str, Any]:
         continued, kept = resumed_steps(out)
         return {
             "fault": f"results disk full (exit {first.returncode}: "
-            f"{first.stderr.strip().splitlines()[-1][:60] if first.stderr.strip() else ''})",
+            f"{(first.stderr.strip().splitlines() or [''])[-1].replace(str(mount), '<dir>')})",
             "delay_s": "-", "killed_mid_run": first.returncode != 0, "saved_before_kill": saved,
             "containers_at_kill": "-", "left_after_cleanup": int(cleaned.returncode != 0),
             "resume_exit": resumed.returncode, "keys": len(got),
