@@ -35,7 +35,8 @@ from ._local_index import WHEELS, cached_packages, serve, simple_tree
 from .conftest import harbor_containers
 
 TASKS = Path(__file__).resolve().parent / "tasks_thirdparty"
-PIP_SHAPED = {"pip-pinned", "pip-pinned-silent", "pip3-ctrf", "python-m-pip", "task-bug-wrong-path"}
+PIP_SHAPED = {"pip-pinned", "pip-pinned-silent", "pip3-ctrf", "python-m-pip", "task-bug-wrong-path",
+              "pip-alternative", "no-pip-python3"}  # fmt: skip
 
 
 def _test_sh(name: str) -> str:
@@ -49,12 +50,13 @@ def test_the_pinned_pip_shapes_are_recognised_and_nothing_else() -> None:
     assert {name for name, p in found.items() if p is not None} == PIP_SHAPED | {"uvx-python-312"}
     ctrf = found["pip3-ctrf"]
     assert ctrf is not None and ctrf.uv_version is None
-    (install,) = ctrf.pip
+    (line,) = ctrf.pip
+    (install,) = line.installs
     assert install.command == ("pip3",)
     assert install.requirements == ("pytest==8.4.1", "pytest-json-ctrf==0.3.5")
     assert install.options == ("--break-system-packages", "--no-cache-dir")
     python_m = found["python-m-pip"]
-    assert python_m is not None and python_m.pip[0].command == ("python", "-m", "pip")
+    assert python_m is not None and python_m.pip[0].installs[0].command == ("python", "-m", "pip")
     uvx = found["uvx-python-312"]
     assert uvx is not None and uvx.pythons == ("3.12",)
 
@@ -70,8 +72,22 @@ def test_the_pinned_pip_shapes_are_recognised_and_nothing_else() -> None:
         ("pip install -r /tests/requirements.txt", False),
         ("pip install --user pytest==8.4.1", False),
         ("pip install -i https://example.org/simple pytest==8.4.1", False),
-        ("pip install pytest==8.4.1 && pytest /tests", False),  # a chain: not one install
+        ("pip install --index-url=https://example.org/simple pytest==8.4.1", False),
+        ("pip install pytest==8.4.1 && pytest /tests", False),  # another command in the chain
         ("cd /app && pip install pytest==8.4.1", False),
+        ("pip install pytest==8.4.1 | tee /tmp/log", False),
+        ("pip install pytest==8.4.1 &", False),
+        ("pip install --timeout 60 --retries=2 pytest==8.4.1 2>&1 >/dev/null", ("pytest==8.4.1",)),
+        # the public shape: flags before the package, an alternative across a continuation
+        (
+            "pip install --quiet --no-cache-dir pytest==8.2.2 2>/dev/null ||   pip install --quiet "
+            "--no-cache-dir --break-system-packages pytest==8.2.2",
+            ("pytest==8.2.2",),
+        ),
+        (
+            "pip3 install x==1 && python3 -m pip install -q y==2; pip install z==3",
+            ("x==1", "y==2", "z==3"),
+        ),
         ("pip list", None),
         ("python3 -m pytest /tests", None),
     ],
@@ -85,10 +101,27 @@ def test_pip_install_lines(line: str, expected: object) -> None:
         return
     assert parsed is not None and parsed is not False and parsed is not True
     if isinstance(expected, str):
-        assert parsed.python == expected
+        assert parsed.installs[0].python == expected
     elif expected:
         assert parsed.requirements == expected
-        assert parsed.python is None
+        assert all(i.python is None for i in parsed.installs)
+
+
+def test_an_alternative_across_a_continued_line_is_one_install_and_one_no_op() -> None:
+    script = _test_sh("pip-alternative")
+    found = detect_provision(script)
+    assert found is not None
+    (line,) = found.pip
+    assert line.operators == ("||",) and len(line.installs) == 2
+    assert line.shell() == (
+        "pip install --quiet --no-cache-dir pytest==8.4.1 || "
+        "pip install --quiet --no-cache-dir --break-system-packages pytest==8.4.1"
+    )
+    offline = offline_test_sh(script)
+    assert offline is not None
+    lines = offline[0].splitlines()
+    assert lines[1].startswith(": llenvs-async provisioned this at build time: 'pip install")
+    assert lines[2] == "" and lines[3] == "python3 -m pytest /tests/test_outputs.py -rA"
 
 
 def test_the_uploaded_script_skips_the_installs_with_its_line_numbers() -> None:
@@ -111,11 +144,16 @@ def test_the_dockerfile_installs_as_written_through_the_given_index() -> None:
     assert found is not None
     url = "http://127.0.0.1:9/simple"
     text = provision_dockerfile("FROM python:3.12-slim\nUSER app\n", found, index_url=url)
-    run = next(line for line in text.splitlines() if line.startswith("RUN "))
+    run = [line for line in text.splitlines() if line.startswith("RUN ")][-1]
     assert PROVISION_MARK in run
-    assert f"PIP_INDEX_URL={url} pip install -q pytest==8.4.1" in run
-    assert "|| true" not in run and "/dev/null" not in run  # a failure fails the build
+    assert f"export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore " \
+           f"PIP_NO_CACHE_DIR=1 PIP_INDEX_URL={url} && " in run  # fmt: skip
+    assert "( pip install -q pytest==8.4.1 )" in run
+    assert "|| true" not in run  # a failure fails the build
     assert "llenvs-uv-provision" not in text  # no uv stage for a pip-only script
+    # pip itself, for an image whose Python has none, from the wheel the pip stage fetched
+    assert f"python3 -m pip download --index-url {url} --no-deps" in text
+    assert "python3 -m pip --version >/dev/null 2>&1 || {" in run
     assert text.splitlines()[-1] == "USER app"
 
 
@@ -186,6 +224,7 @@ async def test_the_oracle_passes_every_pinned_pip_shape_with_the_documented_flag
         await asyncio.to_thread(main, [*args, "--provision-index-url", f"{url}/simple", "-q"])
     printed = capsys.readouterr().out
     assert "/simple/pytest/" in requests and "/simple/pytest-json-ctrf/" in requests
+    assert "/simple/pip/" in requests  # the wheel a Python without pip is given pip from
     trajectories = _records(out)
     rewards = {
         name: t["transitions"][-1]["reward"] if t["transitions"] else None
@@ -197,10 +236,20 @@ async def test_the_oracle_passes_every_pinned_pip_shape_with_the_documented_flag
         "pip-pinned-silent": 1.0,
         "pip3-ctrf": 1.0,
         "python-m-pip": 1.0,
+        "pip-alternative": 1.0,  # the `||` of two installs across a continued line
+        "no-pip-python3": 1.0,  # its python3 had no pip: given one from pip's wheel
         "pip-unpinned-silent": 0.0,  # unpinned: left as written, fails offline
         "task-bug-wrong-path": 0.0,
+        "needs-python-312": 0.0,  # right on 3.12, run on the 3.11 stand-in: said next to it
         "uvx-python-312": None,
     }
+    gap = trajectories["needs-python-312"]["transitions"][-1]["info"]
+    assert gap["python_gap"] == (
+        f"the task asked for docker.io/library/python:3.12-slim; the stand-in {PYTHON_STANDIN} "
+        "has Python 3.11"
+    )
+    assert gap["verifier_output"].endswith(f"[note: {gap['python_gap']}]")
+    assert "python_gap" not in trajectories["python-m-pip"]["transitions"][-1]["info"]
     unpinned = trajectories["pip-unpinned-silent"]["transitions"][-1]["info"]
     assert "No module named pytest" in unpinned["verifier_output"]
     error = trajectories["uvx-python-312"]["error"]

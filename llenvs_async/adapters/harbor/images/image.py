@@ -92,12 +92,18 @@ class TaskImages:
         self._task_locks: dict[Path, asyncio.Lock] = {}
         self._warned: set[tuple[str, str]] = set()
         self._provisioned: set[Path] = set()  # tasks whose image fetched the verifier's needs
+        self._python_gaps: dict[Path, str] = {}  # tasks on a stand-in of another Python
         self.builds = 0
 
     def provisioned(self, task: HarborTask) -> bool:
         """Whether ``task`` runs in an image built with its verifier's downloads (so its
         ``test.sh`` runs offline); ``False`` for a prebuilt image, even with a Dockerfile."""
         return task.path in self._provisioned
+
+    def python_gap(self, task: HarborTask) -> str | None:
+        """When ``task`` runs on a stand-in whose Python is not the one its image names:
+        ``"the task asked for python:3.12-slim; the stand-in ... has Python 3.11"``."""
+        return self._python_gaps.get(task.path)
 
     @property
     def aliases(self) -> dict[str, str]:
@@ -227,17 +233,23 @@ class TaskImages:
         return tag
 
     def _warn(self, task: HarborTask, written: str, image: str) -> None:
-        """Say which local image stands in for a name: a warning when it is another image."""
-        if image == written or (task.name, written) in self._warned:
+        """Say which local image stands in for a name: a warning when it is another image
+        (and remember a stand-in of another Python: ``python_gap``)."""
+        if image == written:
             return
-        self._warned.add((task.name, written))
-        other = normalise_image_ref(image) != normalise_image_ref(written)
-        level = logging.WARNING if other else logging.INFO
         has = STANDIN_PYTHON.get(image)
         wants = _PYTHON_TAG_RE.match(normalise_image_ref(written))
         python = ""
         if has is not None and wants is not None and wants[1] != has:
             python = f" (a stand-in with Python {has}, not {wants[1]})"
+            self._python_gaps[task.path] = (
+                f"the task asked for {written}; the stand-in {image} has Python {has}"
+            )
+        if (task.name, written) in self._warned:
+            return
+        self._warned.add((task.name, written))
+        other = normalise_image_ref(image) != normalise_image_ref(written)
+        level = logging.WARNING if other else logging.INFO
         _log.log(level, "task %s: using local image %s for %s%s", task.name, image, written, python)
 
     async def _build(

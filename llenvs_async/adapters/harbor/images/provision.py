@@ -2,8 +2,9 @@
 instead, so the verifier runs offline (and no verification downloads it again).
 
 Two shapes are recognised in ``tests/test.sh`` (after joining ``\\``-continued lines), alone
-or together, and nothing else. ``pip install`` lines of package requirements
-(``provision_pip.py``: ``pip``/``pip3``/``python -m pip``, ``2>/dev/null || true`` allowed),
+or together, and nothing else. ``pip install`` lines of pinned requirements
+(``provision_pip.py``: ``pip``/``pip3``/``python -m pip`` with any options but other
+sources, alone or in ``||``/``&&`` chains, ``2>/dev/null || true`` allowed),
 any line that runs ``pip install`` otherwise leaving the whole script untouched. The uv shape:
 
 - the installer, exactly ``curl <flags> https://astral.sh/uv/<X.Y.Z>/install.sh | sh``
@@ -16,8 +17,11 @@ any line that runs ``pip install`` otherwise leaving the whole script untouched.
 - ``apt-get update`` and ``apt-get install [-y|-qq|--no-install-recommends] curl`` lines
   (they only serve the installer).
 
-When a script matches, the task image gets (after the task's own Dockerfile, as root): each
-recognised ``pip install`` run as written (same interpreter, options and requirements), then
+When a script matches, the task image gets (after the task's own Dockerfile, as root): pip
+for each interpreter the ``pip install`` lines use that has none (from pip's wheel, fetched
+in a ``python:3`` stage and run as a zip: an image with ``python3`` but not ``python3-pip``),
+each recognised ``pip install`` line run as written (same interpreters, options,
+requirements and ``||``/``&&`` chain), then
 ``uv==X`` from PyPI (``pip download`` in a ``python:3`` stage; the ``uv``/``uvx`` binaries
 copied to ``/usr/local/bin``, ``$HOME/.local/bin/env`` as the installer writes it), then
 each recognised ``uvx`` command run once with ``pytest --version`` so its packages (and
@@ -38,12 +42,13 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .provision_pip import PipInstall, pip_install
+from .provision_pip import PipInstall, PipLine, pip_install
 
 __all__ = [
     "PROVISION_MARK",
     "UV_CACHE_DIR",
     "PipInstall",
+    "PipLine",
     "VerifierProvision",
     "detect_provision",
     "offline_test_sh",
@@ -56,6 +61,8 @@ UV_CACHE_DIR = "/opt/llenvs-uv/cache"
 PROVISION_MARK = "llenvs-async --provision-verifier"
 _UV_PYTHON_DIR = "/opt/llenvs-uv/python"
 _STAGE = "llenvs-uv-provision"
+_PIP_STAGE = "llenvs-pip-provision"
+_PIP_WHEEL_DIR = "/opt/llenvs-pip"
 _STAGE_IMAGE = "python:3.12-slim"  # a pip-capable stage; resolved like any FROM (stand-ins)
 _INSTALLER_RE = re.compile(
     r"^\s*(?:curl(?:\s+-[A-Za-z]+)*|wget\s+-qO-)\s+(?:['\"]?)https://astral\.sh/uv/"
@@ -78,7 +85,7 @@ _SAY_PYTHON = (
 )
 _IMAGE_PYTHON_RE = re.compile(rf"{re.escape(PROVISION_MARK)}: the image has Python (\d+\.\d+)")
 _STEP_RE = re.compile(r"^Step \d+/\d+ : ")
-_PIP_ENV = "PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore PIP_NO_CACHE_DIR=1 "
+_PIP_ENV = "PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore PIP_NO_CACHE_DIR=1"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,12 +104,12 @@ class VerifierProvision:
 
     uv_version: str | None = None
     runs: tuple[UvxRun, ...] = ()
-    pip: tuple[PipInstall, ...] = ()
+    pip: tuple[PipLine, ...] = ()
 
     @property
     def pythons(self) -> tuple[str, ...]:
         """The Python versions it asks for (``uvx -p``, ``python3.X -m pip``), in order."""
-        asked = [r.python for r in self.runs] + [p.python for p in self.pip]
+        asked = [r.python for r in self.runs] + [i.python for p in self.pip for i in p.installs]
         return tuple(dict.fromkeys(v for v in asked if v is not None))
 
 
@@ -142,7 +149,7 @@ def detect_provision(test_sh: str) -> VerifierProvision | None:
     shape exactly (see the module docstring)."""
     version: str | None = None
     runs: list[UvxRun] = []
-    pips: list[PipInstall] = []
+    pips: list[PipLine] = []
     for line in _logical_lines(test_sh):
         if match := _INSTALLER_RE.match(line):
             version = match[1]
@@ -153,7 +160,7 @@ def detect_provision(test_sh: str) -> VerifierProvision | None:
             return None
         if isinstance(run, UvxRun):
             runs.append(run)
-        if isinstance(pip, PipInstall):
+        if isinstance(pip, PipLine):
             pips.append(pip)
     if (version is None) != (not runs) or not (runs or pips):
         return None  # half a uv shape (an installer without uvx, or uvx without it)
@@ -174,7 +181,7 @@ def rewrite_test_sh(test_sh: str) -> str:
             continue
         logical = " ".join(p.rstrip("\r\n").removesuffix("\\") for p in pending)
         uv_line = with_uv and bool(_INSTALLER_RE.match(logical) or _APT_RE.match(logical))
-        if uv_line or isinstance(pip_install(logical), PipInstall):
+        if uv_line or isinstance(pip_install(logical), PipLine):
             ending = line[len(body) :]
             no_op = f": llenvs-async provisioned this at build time: {shlex.quote(logical)}"
             out += [no_op + ending, *(ending for _ in pending[1:])]
@@ -197,10 +204,21 @@ def provision_dockerfile(
     ``index_url``: the package index every download uses (default: pip's and uv's own)."""
     pip_index = f"--index-url {shlex.quote(index_url)} " if index_url else ""
     tail = ["USER root"]
+    stages: list[str] = []
     if provision.pip:
-        env = _PIP_ENV + (f"PIP_INDEX_URL={shlex.quote(index_url)} " if index_url else "")
-        installs = " && ".join(env + pip.shell() for pip in provision.pip)
-        tail.append(f"RUN {_SAY_PYTHON} && {installs}")
+        env = _PIP_ENV + (f" PIP_INDEX_URL={shlex.quote(index_url)}" if index_url else "")
+        pythons = dict.fromkeys(i.interpreter for line in provision.pip for i in line.installs)
+        ensure = " && ".join(_ensure_pip(python) for python in pythons)
+        installs = " && ".join(f"( {line.shell()} )" for line in provision.pip)
+        stages.append(
+            f"FROM {_STAGE_IMAGE} AS {_PIP_STAGE}\n"
+            f"RUN echo '{PROVISION_MARK}: pip' && python3 -m pip download {pip_index}--no-deps "
+            "--only-binary=:all: -d /w pip"
+        )
+        tail += [
+            f"COPY --from={_PIP_STAGE} /w/ {_PIP_WHEEL_DIR}/",
+            f"RUN {_SAY_PYTHON} && export {env} && {ensure} && {installs}",
+        ]
     lines = dockerfile.rstrip("\n").split("\n")
     if provision.uv_version is not None:
         uv_index = f"UV_DEFAULT_INDEX={shlex.quote(index_url)} " if index_url else ""
@@ -220,12 +238,25 @@ def provision_dockerfile(
             f"/usr/local/bin/uvx /root/.local/bin/ && printf '{_ENV_FILE}' > "
             f"/root/.local/bin/env && {warm} && chmod -R a+rwX /opt/llenvs-uv",
         ]
+        stages.append(stage)
+    if stages:
         last_from = max(i for i, line in enumerate(lines) if _FROM_RE.match(line))
-        lines.insert(last_from, stage)
+        lines[last_from:last_from] = stages
     user = _last_user(dockerfile)
     if user is not None and user not in ("root", "0"):
         tail.append(f"USER {user}")
     return "\n".join([*lines, *tail]) + "\n"
+
+
+def _ensure_pip(python: str) -> str:
+    """Give ``python`` pip from the wheel the pip stage fetched, only when it has none (an
+    image with ``python3`` but not ``python3-pip``), saying so in the build log."""
+    wheel = f"{_PIP_WHEEL_DIR}/pip-*.whl"
+    return (
+        f"{{ {python} -m pip --version >/dev/null 2>&1 || {{ echo '{PROVISION_MARK}: "
+        f'{python} has no pip: installing it from its wheel\'; {python} "$(echo {wheel})/pip" '
+        f"install --no-index --break-system-packages {wheel}; }}; }}"
+    )
 
 
 def _warm_command(run: UvxRun) -> str:
@@ -262,7 +293,7 @@ def provision_hint(
     ``FROM`` as written; ``standin``: the local stand-in used for it and its Python), and
     what to do."""
     steps = [line for line in log if _STEP_RE.match(line)]
-    if not steps or (PROVISION_MARK not in steps[-1] and _STAGE not in steps[-1]):
+    if not steps or not any(mark in steps[-1] for mark in (PROVISION_MARK, _STAGE, _PIP_STAGE)):
         return None
     said = [m[1] for line in log if (m := _IMAGE_PYTHON_RE.search(line))]
     has = said[-1] if said else (standin[1] if standin else None)

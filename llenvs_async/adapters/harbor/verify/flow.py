@@ -129,4 +129,9 @@ async def verify_instance(
         where = runtime.artifacts_dir / task.short_name / episode_dir
         await save_artifacts(collected, where)
         extra["artifacts_dir"] = str(where)
-    return replace(result, output=log[-_VERIFIER_TAIL_CHARS:], extra=extra)
+    output = log[-_VERIFIER_TAIL_CHARS:]
+    gap = runtime.images.python_gap(task)
+    if gap is not None and result.reward < 1.0:  # a failure the Python may explain
+        extra["python_gap"] = gap
+        output = f"{output.rstrip()}\n[note: {gap}]"
+    return replace(result, output=output, extra=extra)
