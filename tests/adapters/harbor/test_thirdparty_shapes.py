@@ -15,6 +15,7 @@ import pytest
 
 from llenvs_async.adapters.harbor import load_local_dataset
 from llenvs_async.adapters.harbor.images.image import BuildSettings, TaskImages
+from llenvs_async.adapters.harbor.images.image_names import ImageResolver
 from llenvs_async.adapters.harbor.images.provision import (
     PROVISION_MARK,
     detect_provision,
@@ -23,6 +24,7 @@ from llenvs_async.adapters.harbor.images.provision import (
     provision_hint,
 )
 from llenvs_async.adapters.harbor.images.provision_pip import pip_install
+from llenvs_async.adapters.harbor.images.uv_standin import with_uv_stages
 from llenvs_async.adapters.harbor.tasks.task import load_task
 from llenvs_async.adapters.harbor.verify.network import check_offline_verifier
 from llenvs_async.cli import main
@@ -175,6 +177,25 @@ def test_a_failed_provisioning_step_names_the_flag_and_both_pythons() -> None:
     assert provision_hint(elsewhere, found, base="python:3.12-slim") is None
 
 
+def test_a_uv_image_becomes_a_stage_built_from_its_wheel() -> None:
+    text = with_uv_stages(
+        "ARG V=1\nFROM python:3.11-slim\nCOPY --from=ghcr.io/astral-sh/uv:0.8.15 /uv /uvx /bin/\n"
+        "FROM astral-sh/uv:0.8.15 AS tools\n",
+        {"ghcr.io/astral-sh/uv:0.8.15", "astral-sh/uv:0.8.15"},
+        index_url="http://127.0.0.1:9/simple",
+    )
+    lines = text.splitlines()
+    assert lines[0] == "ARG V=1"  # still before every FROM: still global
+    assert lines[1] == "FROM python:3.12-slim AS llenvs-uv-0-8-15"
+    assert "pip download --index-url http://127.0.0.1:9/simple --no-deps" in lines[2]
+    assert "uv==0.8.15" in lines[2] and "cp /llenvs-x/uv-*.data/scripts/uv " in lines[2]
+    assert lines[4] == "COPY --from=llenvs-uv-0-8-15 /uv /uvx /bin/"
+    assert lines[5] == "FROM llenvs-uv-0-8-15 AS tools"
+    assert len([line for line in lines if "AS llenvs-uv-" in line]) == 1  # one stage a version
+    hint = ImageResolver({}).how_to_map("ghcr.io/astral-sh/uv:0.8.15")
+    assert "--build-network" in hint and "uv 0.8.15 wheel" in hint
+
+
 def test_allow_network_is_named_only_where_it_can_help() -> None:
     task = load_local_dataset(TASKS).resolve("pip-pinned")[1]
     log = "WARNING: Retrying ... Failed to establish a new connection: [Errno -3] ...\n"
@@ -225,6 +246,7 @@ async def test_the_oracle_passes_every_pinned_pip_shape_with_the_documented_flag
     printed = capsys.readouterr().out
     assert "/simple/pytest/" in requests and "/simple/pytest-json-ctrf/" in requests
     assert "/simple/pip/" in requests  # the wheel a Python without pip is given pip from
+    assert "/simple/uv/" in requests  # the uv image's stand-in, from its wheel
     trajectories = _records(out)
     rewards = {
         name: t["transitions"][-1]["reward"] if t["transitions"] else None
@@ -241,6 +263,7 @@ async def test_the_oracle_passes_every_pinned_pip_shape_with_the_documented_flag
         "pip-unpinned-silent": 0.0,  # unpinned: left as written, fails offline
         "task-bug-wrong-path": 0.0,
         "needs-python-312": 0.0,  # right on 3.12, run on the 3.11 stand-in: said next to it
+        "uv-image-copy": 1.0,  # ghcr.io/astral-sh/uv:0.9.5 from the uv wheel of the index
         "uvx-python-312": None,
     }
     gap = trajectories["needs-python-312"]["transitions"][-1]["info"]

@@ -30,8 +30,9 @@ from .dockerfile import (
     rewrite_from_lines,
     rewrite_images,
 )
-from .image_names import ImageResolver, normalise_image_ref, parse_alias
+from .image_names import ImageResolver, normalise_image_ref, parse_alias, uv_version
 from .provision import VerifierProvision, detect_provision, provision_dockerfile, provision_hint
+from .uv_standin import with_uv_stages
 
 __all__ = [
     "CA_BUNDLE_PATH",
@@ -197,6 +198,7 @@ class TaskImages:
             self._provisioned.add(task.path)
             index_url = self.build.provision_index_url
             dockerfile = provision_dockerfile(dockerfile, provided, index_url=index_url)
+        dockerfile = await self._uv_standins(engine, dockerfile)
         uses = []
         for index, kind, written in image_uses(dockerfile):
             image = await self.resolver.resolve(engine, written)
@@ -231,6 +233,20 @@ class TaskImages:
                     await self._build(engine, task, context, tag, dockerfile_path, hint)
                 self._ready[tag] = tag
         return tag
+
+    async def _uv_standins(self, engine: DockerEngine, dockerfile: str) -> str:
+        """``dockerfile`` with a stage built from the uv wheel for each astral-sh/uv image it
+        names that no local image answers to (``uv_standin.py``), when the build has a
+        network to fetch the wheel with."""
+        if not self.build.network:
+            return dockerfile
+        missing = {
+            written
+            for _, _, written in image_uses(dockerfile)
+            if uv_version(written) is not None
+            and await self.resolver.resolve(engine, written) is None
+        }
+        return with_uv_stages(dockerfile, missing, index_url=self.build.provision_index_url)
 
     def _warn(self, task: HarborTask, written: str, image: str) -> None:
         """Say which local image stands in for a name: a warning when it is another image

@@ -6,18 +6,23 @@ on the name as written or normalised), the normalised name itself when present
 (``docker.io/library/``, ``public.ecr.aws/docker/library/`` and ``@sha256:`` digests
 dropped, ``:latest`` added), then the built-in stand-ins (``debian:*``, ``ubuntu:*`` -> our
 bookworm base, ``python:3*`` -> bookworm + python3/pip; see ``STANDIN_PATTERNS``). A name
-that resolves to nothing gets a hint saying how to map it (``ImageResolver.how_to_map``).
+that resolves to nothing gets a hint saying how to map it (``ImageResolver.how_to_map``);
+``astral-sh/uv:X`` is then built from its wheel where the build has a network
+(``uv_standin.py``).
 """
 
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections.abc import Mapping, Sequence
 
 from ....docker.engine import DockerEngine
 from ....docker.images import STANDIN_PATTERNS, STANDIN_PYTHON
 
-__all__ = ["ImageResolver", "alias_matches", "normalise_image_ref", "parse_alias"]
+__all__ = ["ImageResolver", "alias_matches", "normalise_image_ref", "parse_alias", "uv_version"]
+
+_UV_IMAGE_RE = re.compile(r"^(?:ghcr\.io/)?astral-sh/uv:(\d+\.\d+\.\d+)$")
 
 _DOCKER_HUB_PREFIXES = (
     "docker.io/library/",
@@ -43,6 +48,12 @@ def normalise_image_ref(ref: str) -> str:
             break
     last = name.rsplit("/", 1)[-1]
     return name if ":" in last else f"{name}:latest"
+
+
+def uv_version(ref: str) -> str | None:
+    """The uv version an ``astral-sh/uv:X.Y.Z`` image name pins, else ``None``."""
+    match = _UV_IMAGE_RE.match(ref)
+    return match[1] if match else None
 
 
 def parse_alias(text: str) -> tuple[str, str]:
@@ -101,6 +112,11 @@ class ImageResolver:
             if standin
             else ""
         )
+        if (version := uv_version(ref)) is not None:
+            hint = (
+                f"pass --build-network (HarborAdapter(build_network=True)) to build its "
+                f"stand-in from the uv {version} wheel on the package index, or "
+            )
         return (
             f"no registry is reachable: {hint}map it to a local image with "
             f"--base-image '{normal}=IMAGE' (HarborAdapter(base_image_aliases={{'{normal}': "
