@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+import tomllib
+from pathlib import Path
+
 import pytest
 
 import llenvs_async
@@ -91,3 +95,12 @@ async def test_resource_owners_share_the_context_manager_rules() -> None:
             async with resource:
                 pass
         await resource.aclose()  # idempotent
+
+
+def test_the_version_is_the_projects_and_the_changelogs_latest_release() -> None:
+    root = Path(llenvs_async.__file__).resolve().parents[1]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
+    assert llenvs_async.__version__ == project
+    changelog = (root / "CHANGELOG.md").read_text()
+    releases = re.findall(r"^## \[(\d+\.\d+\.\d+)\] - \d{4}-\d{2}-\d{2}$", changelog, re.MULTILINE)
+    assert releases and releases[0] == project
