@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from ._common import console, run_async
+from ._common import CliError, console, run_async
 
 if TYPE_CHECKING:
     from ..docker.images import ImageInfo
@@ -57,15 +57,40 @@ def build_base(force: Annotated[bool, _FORCE] = False) -> None:
 
 
 @images_app.command("build-standins")
-def build_standins(force: Annotated[bool, _FORCE] = False) -> None:
+def build_standins(
+    force: Annotated[bool, _FORCE] = False,
+    uv: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--uv", metavar="VERSION",
+            help="Also ghcr.io/astral-sh/uv:VERSION (/uv, /uvx) from the uv wheel (repeatable).",
+        ),
+    ] = None,
+    index_url: Annotated[
+        str | None, typer.Option("--index-url", help="The package index for --uv's wheel.")
+    ] = None,
+) -> None:  # fmt: skip
     """Build local stand-ins for official bases (debian:*, ubuntu:*, python:3*) from Debian's
-    packages (the host's network, once), so Harbor tasks naming them build offline."""
-    from ..docker.images import STANDIN_PATTERNS, STANDIN_PYTHON
+    packages (the host's network, once), so Harbor tasks naming them build offline; with
+    --uv, uv's images too."""
+    from ..docker.engine import DockerEngine
+    from ..docker.images import STANDIN_PATTERNS, STANDIN_PYTHON, ensure_uv_standin
 
     _build(base=True, standins=True, busybox=False, force=force)
     for pattern, image in STANDIN_PATTERNS:
         python = STANDIN_PYTHON.get(image)
         console.print(f"  {pattern} -> {image}" + (f" (Python {python})" if python else ""))
+
+    async def uv_images() -> list[ImageInfo]:
+        async with DockerEngine() as engine:
+            return [await ensure_uv_standin(engine, v, index_url=index_url, force=force)
+                    for v in uv or ()]  # fmt: skip
+
+    if uv:
+        try:
+            _report(run_async(uv_images))
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
 
 
 @images_app.command("build-busybox")

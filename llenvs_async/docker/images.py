@@ -13,6 +13,7 @@ import fcntl
 import io
 import os
 import re
+import shlex
 import shutil
 import struct
 import tarfile
@@ -34,15 +35,18 @@ __all__ = [
     "PYTHON_STANDIN",
     "STANDIN_PATTERNS",
     "STANDIN_PYTHON",
+    "UV_IMAGE",
     "ImageInfo",
     "apt_mirror",
     "build_image",
     "ensure_base_image",
     "ensure_busybox_image",
     "ensure_standin_images",
+    "ensure_uv_standin",
     "import_rootfs",
     "log_tail",
     "tag_slug",
+    "uv_wheel_stage",
 ]
 
 BASE_IMAGE = "llenvs/base:bookworm"
@@ -52,6 +56,7 @@ IMAGE_LABEL = "llenvs.image"
 BASE_PACKAGES = ("python3", "procps", "bash", "coreutils")
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 PYTHON_STANDIN = "llenvs/python:3-bookworm"
+UV_IMAGE = "ghcr.io/astral-sh/uv"
 STANDIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("debian:*", BASE_IMAGE),
     ("ubuntu:*", BASE_IMAGE),
@@ -268,26 +273,58 @@ async def ensure_busybox_image(
 async def ensure_standin_images(engine: DockerEngine, *, force: bool = False) -> list[ImageInfo]:
     """The base image, then the python stand-in (``apt-get`` from the host's network, once)."""
     base = await ensure_base_image(engine, force=False)
-    label = "python-standin"
-    async with _BuildLock(PYTHON_STANDIN):
-        info = None if force else await _existing(engine, PYTHON_STANDIN, label)
-        if info is None:
-            started = time.monotonic()
-            buf = io.BytesIO()
-            with tarfile.open(fileobj=buf, mode="w") as tar:
-                text = _PYTHON_DOCKERFILE.encode()
-                member = tarfile.TarInfo("Dockerfile")
-                member.size = len(text)
-                tar.addfile(member, io.BytesIO(text))
-            await build_image(
-                engine, bytes_stream(buf.getvalue()), tag=PYTHON_STANDIN, network=True
-            )
-            data = await engine.inspect_image(PYTHON_STANDIN)
-            assert data is not None
-            info = ImageInfo(
-                id=str(data["Id"]),
-                tags=(PYTHON_STANDIN,),
-                built=True,
-                seconds=time.monotonic() - started,
-            )
+    info = await _ensure_built(engine, PYTHON_STANDIN, "python-standin", _PYTHON_DOCKERFILE, force)
     return [base, info]
+
+
+def uv_wheel_stage(
+    version: str, *, name: str, base: str = PYTHON_STANDIN, index_url: str | None = None
+) -> str:
+    """A Dockerfile stage ``name`` (on ``base``, a Python with pip) holding uv ``version``'s
+    ``/uv`` and ``/uvx`` as ``ghcr.io/astral-sh/uv`` does, from the uv wheel on the package
+    index (``index_url``: another one) instead of a registry."""
+    index = f"--index-url {shlex.quote(index_url)} " if index_url else ""
+    return (
+        f"FROM {base} AS {name}\n"
+        f"RUN echo 'llenvs-async: uv {version} from its wheel (a stand-in for "
+        f"ghcr.io/astral-sh/uv:{version})' && python3 -m pip download {index}--no-deps "
+        f"--only-binary=:all: -d /llenvs-w uv=={version} && python3 -m zipfile -e "
+        "/llenvs-w/uv-*.whl /llenvs-x && cp /llenvs-x/uv-*.data/scripts/uv "
+        "/llenvs-x/uv-*.data/scripts/uvx / && chmod 755 /uv /uvx && rm -rf /llenvs-w /llenvs-x"
+    )
+
+
+async def ensure_uv_standin(
+    engine: DockerEngine, version: str, *, index_url: str | None = None, force: bool = False
+) -> ImageInfo:
+    """``ghcr.io/astral-sh/uv:<version>`` as a local image (``/uv``, ``/uvx``) built from the
+    uv wheel (the host's network, once; needs the python stand-in)."""
+    if not re.fullmatch(r"\d+\.\d+\.\d+", version):
+        raise ValueError(f"a uv version is X.Y.Z, got {version!r}")
+    stage = uv_wheel_stage(version, name="wheel", index_url=index_url)
+    text = f"{stage}\nFROM scratch\nCOPY --from=wheel /uv /uvx /\nLABEL {IMAGE_LABEL}=uv-standin\n"
+    return await _ensure_built(engine, f"{UV_IMAGE}:{version}", "uv-standin", text, force)
+
+
+async def _ensure_built(
+    engine: DockerEngine, tag: str, label: str, dockerfile: str, force: bool
+) -> ImageInfo:
+    """``tag`` built from ``dockerfile`` with the host's network unless an image of ours
+    (``label``) has it already."""
+    async with _BuildLock(tag):
+        info = None if force else await _existing(engine, tag, label)
+        if info is not None:
+            return info
+        started = time.monotonic()
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            text = dockerfile.encode()
+            member = tarfile.TarInfo("Dockerfile")
+            member.size = len(text)
+            tar.addfile(member, io.BytesIO(text))
+        await build_image(engine, bytes_stream(buf.getvalue()), tag=tag, network=True)
+        data = await engine.inspect_image(tag)
+        assert data is not None
+        return ImageInfo(
+            id=str(data["Id"]), tags=(tag,), built=True, seconds=time.monotonic() - started
+        )

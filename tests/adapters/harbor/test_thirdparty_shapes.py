@@ -29,7 +29,7 @@ from llenvs_async.adapters.harbor.tasks.task import load_task
 from llenvs_async.adapters.harbor.verify.network import check_offline_verifier
 from llenvs_async.cli import main
 from llenvs_async.docker.engine import DockerEngine
-from llenvs_async.docker.images import PYTHON_STANDIN
+from llenvs_async.docker.images import PYTHON_STANDIN, ensure_uv_standin
 from llenvs_async.errors import VerifierError
 from tests._support import require_built_images
 
@@ -305,3 +305,38 @@ async def test_a_prebuilt_image_is_not_provisioned_so_its_test_sh_runs_as_writte
     images = TaskImages(build=BuildSettings(provision_verifier=True))
     assert await images.ensure(docker_engine, task) == PYTHON_STANDIN
     assert not images.provisioned(task)
+
+
+@pytest.mark.docker
+async def test_build_standins_makes_the_uv_image_from_its_wheel(
+    tmp_path: Path, docker_engine: DockerEngine
+) -> None:
+    """``images build-standins --uv 0.9.5``: ``ghcr.io/astral-sh/uv:0.9.5`` as a local image
+    holding ``/uv`` and ``/uvx`` of that version (from the test's index), which a task's
+    Dockerfile then resolves to offline."""
+    await require_built_images(docker_engine, PYTHON_STANDIN)
+    tag = "ghcr.io/astral-sh/uv:0.9.5"
+    assert await docker_engine.inspect_image(tag) is None  # nobody else's image is removed
+    simple_tree(cached_packages(WHEELS), tmp_path / "index")
+    container = None
+    try:
+        with serve(tmp_path / "index") as (url, requests):
+            info = await ensure_uv_standin(docker_engine, "0.9.5", index_url=f"{url}/simple")
+        assert info.built and "/simple/uv/" in requests
+        assert await ImageResolver({}).resolve(docker_engine, tag) == tag
+        config = {"Image": tag, "Entrypoint": ["/uv"], "Labels": docker_engine.labels}
+        container = await docker_engine.create_container(config, action="uv", image=tag)
+        for name in ("uv", "uvx"):
+            with await docker_engine.get_archive(container, f"/{name}") as tar:
+                tar.extractall(tmp_path / "bin", filter="data")
+        (tmp_path / "bin" / "uv").chmod(0o755)
+        version = await asyncio.create_subprocess_exec(
+            str(tmp_path / "bin" / "uv"), "--version", stdout=asyncio.subprocess.PIPE
+        )
+        out, _ = await version.communicate()
+        assert out.decode().startswith("uv 0.9.5"), out
+        assert (tmp_path / "bin" / "uvx").stat().st_size > 0
+    finally:
+        if container is not None:
+            await docker_engine.remove_container(container)
+        await docker_engine.remove_image(tag)

@@ -6,13 +6,15 @@ stage of its own instead: ``python:3`` (a stand-in like any other ``FROM``) down
 ``uv`` wheel of that version from the package index (``--provision-index-url`` if given)
 and puts its ``uv`` and ``uvx`` at ``/uv`` and ``/uvx``, where the upstream image has them;
 the task's references name that stage. Built with the task's image, so cached with it.
+``llenvs-async images build-standins --uv VERSION`` builds the same as a local image of
+that name instead (``docker.images.ensure_uv_standin``), which then answers to it offline.
 """
 
 from __future__ import annotations
 
 import re
-import shlex
 
+from ....docker.images import uv_wheel_stage
 from .dockerfile import ImageUse, image_uses, rewrite_images
 from .image_names import uv_version
 
@@ -36,15 +38,10 @@ def with_uv_stages(dockerfile: str, refs: set[str], *, index_url: str | None = N
     ]
     if not renamed:
         return dockerfile
-    index = f"--index-url {shlex.quote(index_url)} " if index_url else ""
+    versions = dict.fromkeys(uv_version(use.written) or "" for use in renamed)
     stages = [
-        f"FROM {_STAGE_IMAGE} AS {_stage_name(version)}\n"
-        f"RUN echo 'llenvs-async: uv {version} from its wheel (a stand-in for "
-        f"ghcr.io/astral-sh/uv:{version})' && python3 -m pip download {index}--no-deps "
-        f"--only-binary=:all: -d /llenvs-w uv=={version} && python3 -m zipfile -e "
-        "/llenvs-w/uv-*.whl /llenvs-x && cp /llenvs-x/uv-*.data/scripts/uv "
-        "/llenvs-x/uv-*.data/scripts/uvx / && chmod 755 /uv /uvx && rm -rf /llenvs-w /llenvs-x"
-        for version in dict.fromkeys(uv_version(use.written) or "" for use in renamed)
+        uv_wheel_stage(v, name=_stage_name(v), base=_STAGE_IMAGE, index_url=index_url)
+        for v in versions
     ]
     lines = rewrite_images(dockerfile, renamed, ca_bundle=False).split("\n")
     first = next(i for i, line in enumerate(lines) if _FIRST_FROM_RE.match(line))
