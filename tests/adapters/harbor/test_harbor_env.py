@@ -370,8 +370,12 @@ async def test_writes_past_storage_mb_are_stopped_and_score_zero_with_the_reason
         big = await env.step(state, Action(text="dd if=/dev/zero of=/big bs=1M count=300"))
         assert "killed by SIGXFSZ (File size limit exceeded)" in big.next_state.observation.text
         assert await env.probe("stat -c %s /big") == str(64 * 2**20)  # not a byte more
-        assert not big.truncated
-        state = await play(env, big.next_state, "rm /big")
+        assert not big.truncated  # at the limit, not over it
+        full = await env.step(big.next_state, Action(text="sleep 1.5"))  # measured meanwhile
+        assert "[the container's files are at the task's storage_mb = 64: writes past it fail]" in (
+            full.next_state.observation.text
+        )
+        state = await play(env, full.next_state, "rm /big")
         writer = "(i=0; while :; do head -c 4M /dev/zero > /tmp/f$i; i=$((i+1)); done) &"
         state = await play(env, state, writer)
         ended = await env.step(state, Action(text="sleep 30; touch /done"))

@@ -347,6 +347,10 @@ class HarborEnvironment(ShellTaskEnvironment):
         )  # fmt: skip
         if watch is not None and ran[0].stopped is None:
             await watch.after()
+            if watch.full and watch.breach is None:  # a write stopped at the limit, say
+                result, timeout = ran
+                output = "\n".join(part for part in (result.output.rstrip(), watch.note) if part)
+                return replace(result, output=output), timeout
         return ran
 
     def _hidden(self) -> dict[str, Any]:

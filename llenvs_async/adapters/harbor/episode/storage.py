@@ -25,11 +25,13 @@ _MIB = 1 << 20
 
 class StorageWatch:
     """Holds ``box``'s writable layer to ``limit_mb`` MiB (see the module doc); ``breach``
-    says why the episode must end once it is over."""
+    says why the episode must end once it is over; ``full``: the last measurement found the
+    layer at the limit (a write past it fails: ``note`` says so to the model)."""
 
-    def __init__(self, box: RuntimeHost, limit_mb: int, *, every: float = 1.0) -> None:
+    def __init__(self, box: RuntimeHost, limit_mb: int, *, every: float = 0.5) -> None:
         self.box, self.limit_mb, self.every = box, limit_mb, every
         self.breach: str | None = None
+        self.full = False
         self._measured = time.monotonic()  # the box starts within its limit
 
     async def during(self) -> str:
@@ -49,9 +51,17 @@ class StorageWatch:
                 return None
         return self.breach
 
+    @property
+    def note(self) -> str:
+        return (
+            f"[the container's files are at the task's storage_mb = {self.limit_mb}: "
+            "writes past it fail]"
+        )
+
     async def _measure(self) -> str | None:
         used = await self.box.storage_used()
         self._measured = time.monotonic()
+        self.full = used >= self.limit_mb * _MIB
         if used > self.limit_mb * _MIB:
             self.breach = (
                 f"the container's files reached {used / _MIB:.0f} MiB, over the task's "
