@@ -290,6 +290,7 @@ async def _collect(
                             assert trajectory.index is not None
                             job, _, setup = runnable[trajectory.index]
                             _save(writer, progress, spec, job, setup.add_to(trajectory))
+                            steps.finished(job.key)
                 written = writer.written
         await anyio.Path(journal).unlink(missing_ok=True)  # every job is in ``out`` now
         return written

@@ -59,6 +59,11 @@ class StepJournal:
         self._writer.write(record)
         self._last[key] = transition.next_state
 
+    def finished(self, key: JournalKey) -> None:
+        """Forget rollout ``key``'s last state (it is written elsewhere now): the journal
+        holds a state only per rollout in flight, not per rollout ever run."""
+        self._last.pop(key, None)
+
     def close(self) -> None:
         self._writer.close()
 

@@ -91,6 +91,11 @@ async def test_a_step_handed_again_replaces_the_journaled_one_and_a_torn_line_is
         steps.write(("y", 1), 0, a)
         steps.write(("x", 0), 2, c)
     assert read_journal(journal)[("x", 0)].transitions == (a, b, c)
+    with StepJournal(journal, read_journal(journal).items()) as steps:
+        steps.finished(("y", 1))  # written elsewhere: its state is no longer held
+        steps.write(("y", 1), 1, b)  # a later line then carries its state in full
+    assert read_journal(journal)[("y", 1)].transitions == (a, b)
+    journal.write_text("".join(journal.read_text().splitlines(keepends=True)[:5]))
     whole = journal.read_bytes()
     journal.write_bytes(whole[:-25])  # killed mid-line: that step is lost, nothing misread
     assert read_journal(journal)[("x", 0)].transitions == (a, b)
